@@ -1,0 +1,40 @@
+"""torch_jax: PyTorch's native ``jax`` device, running PyTorch programs on JAX/XLA.
+
+Importing this package (PyTorch does it on ``import torch`` through the
+``torch.backends`` entry point) registers the device; JAX itself is imported on the
+first use of the device.
+"""
+
+from __future__ import annotations
+
+from torch_jax._config import Config, config
+from torch_jax._warnings import FallbackWarning
+from torch_jax.device._registration import initialize, register
+
+__version__ = "0.1.0"
+
+register()
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls on ``import torch`` (group ``torch.backends``)."""
+
+
+def stats() -> dict:
+    """Counters since start (or the last :func:`reset_stats`): ``ops`` run by the
+    executor, ``compiles`` (XLA computations built), ``cache_hits``, ``fallbacks``
+    (ops run on the CPU), ``fallback_ops`` (per aten op) and ``host_transfers``."""
+    initialize()
+    from torch_jax.runtime import _stats
+
+    return _stats.snapshot()
+
+
+def reset_stats() -> None:
+    initialize()
+    from torch_jax.runtime import _stats
+
+    _stats.reset()
+
+
+__all__ = ["Config", "FallbackWarning", "config", "initialize", "reset_stats", "stats"]

@@ -1,0 +1,60 @@
+"""Every setting of torch_jax in one place.
+
+Each field can be set by a ``TORCH_JAX_<NAME>`` environment variable before the
+first use of the device, or changed at run time through ``torch_jax.config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+_FALLBACK_MODES = ("warn", "silent", "error")
+_MODES = ("strict",)
+
+
+def _env_str(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(f"TORCH_JAX_{name}", default).strip().lower()
+    if value not in choices:
+        raise ValueError(f"TORCH_JAX_{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(f"TORCH_JAX_{name}", "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"TORCH_JAX_{name}={raw!r}: expected an integer") from None
+
+
+@dataclasses.dataclass
+class Config:
+    """Settings of the ``jax`` device.
+
+    fallback: what happens when an aten op has no JAX lowering and runs on the CPU:
+        ``warn`` (once per op), ``silent``, or ``error`` (raise NotImplementedError).
+    launch_blocking: wait for every op to finish before returning, so that an error
+        is raised by the op that caused it (like ``CUDA_LAUNCH_BLOCKING=1``).
+    debug: 0 quiet; 1 logs fallbacks and compilations; 2 logs every op.
+    mode: the executor; ``strict`` runs each op at once as a cached XLA computation.
+    """
+
+    fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
+    launch_blocking: bool = dataclasses.field(default_factory=lambda: _env_int("LAUNCH_BLOCKING", 0) != 0)
+    debug: int = dataclasses.field(default_factory=lambda: _env_int("DEBUG", 0))
+    mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "fallback" and value not in _FALLBACK_MODES:
+            raise ValueError(f"config.fallback must be one of {_FALLBACK_MODES}, got {value!r}")
+        if name == "mode" and value not in _MODES:
+            raise ValueError(f"config.mode must be one of {_MODES}, got {value!r}")
+        if not hasattr(type(self), "__dataclass_fields__") or name not in type(self).__dataclass_fields__:
+            raise AttributeError(f"torch_jax.config has no setting {name!r}")
+        object.__setattr__(self, name, value)
+
+
+config = Config()

@@ -1,0 +1,95 @@
+"""Registers PyTorch's PrivateUse1 backend as the ``jax`` device.
+
+NOTE [Cheap autoload]: PyTorch imports this on every ``import torch`` (through the
+``torch.backends`` entry point), so nothing here may import JAX or build the
+lowering table. Registration installs the device name, the device module, the
+hooks, and one boxed fallback for the PrivateUse1 key. The first op that reaches
+the device (a factory, a ``.to("jax")``) lands in that fallback, which runs
+:func:`initialize` (import JAX, register every kernel) and dispatches the op again.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+NAME = "jax"
+
+_lock = threading.RLock()
+_registered = False
+_initialized = False
+_libs: list[torch.library.Library] = []
+_fallback_kernel = None  # the CPU fallback, installed by initialize()
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _boxed_fallback(op, *args, **kwargs):
+    if not _initialized:
+        initialize()
+        return op(*args, **kwargs)
+    return _fallback_kernel(op, *args, **kwargs)
+
+
+def register() -> None:
+    """Make ``jax`` a PyTorch device. Cheap: imports nothing beyond torch."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", NAME):
+            raise RuntimeError(
+                f"torch_jax: PyTorch's PrivateUse1 backend is already registered as {current!r}; "
+                "only one out-of-tree backend can use it per process"
+            )
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        from torch_jax.device import _module
+
+        if current == "privateuseone":
+            _setup_privateuseone_for_python_backend(
+                rename=NAME, backend_module=_module, hook=_Hooks(), device_guard=_Guard()
+            )
+        fallback = torch.library.Library("_", "IMPL")  # noqa: TOR901 (a backend fallback is global)
+        fallback.fallback(_boxed_fallback, "PrivateUse1")
+        # torch.autocast("jax") dispatches to AutocastPrivateUse1 for every op; PyTorch
+        # registers no fallthrough for it (it does for CUDA), so without this every op
+        # under autocast fails. Per-op autocast kernels can still be registered on top.
+        fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+        _libs.append(fallback)
+        _registered = True
+
+
+def initialize() -> None:
+    """Import JAX and register every kernel. Runs once, on first use of the device."""
+    global _initialized, _fallback_kernel
+    if _initialized:
+        return
+    with _lock:
+        if _initialized:
+            return
+        register()
+        from torch_jax.runtime import _install
+
+        _fallback_kernel = _install.install()
+        _initialized = True
+
+
+def is_initialized() -> bool:
+    return _initialized

@@ -1,0 +1,124 @@
+"""JAX devices behind ``jax:N``, the current device, device RNG state, and the work
+in flight that ``torch.jax.synchronize()`` waits for."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+import numpy as np
+import torch
+
+_devices = jax.devices()
+_current = 0
+_lock = threading.Lock()
+
+# NOTE [Device RNG]: each device has a (seed, offset) pair, like CUDA's Philox state.
+# Every random op takes the key fold_in(fold_in(key(seed), offset_lo), offset_hi) and
+# bumps the offset, so a seed fixes every random op's numbers, calls are independent,
+# and the state saved by get_rng_state replays the same numbers after set_rng_state.
+DEFAULT_SEED = 67280421310721  # the default seed of PyTorch's CUDA generators
+_rng = {i: [DEFAULT_SEED, 0] for i in range(len(_devices))}
+_MASK64 = (1 << 64) - 1
+
+# arrays produced by recent ops, per device: synchronize() waits for them
+_in_flight: dict[int, list] = {i: [] for i in range(len(_devices))}
+_IN_FLIGHT_PRUNE = 256
+
+
+def count() -> int:
+    return len(_devices)
+
+
+def device(index: int):
+    if not 0 <= index < len(_devices):
+        raise RuntimeError(
+            f"torch_jax: device jax:{index} does not exist; JAX sees {len(_devices)} device(s) "
+            f"({_devices[0].platform}); set XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "for N CPU devices"
+        )
+    return _devices[index]
+
+
+def current() -> int:
+    return _current
+
+
+def set_current(index: int) -> None:
+    global _current
+    device(index)
+    _current = index
+
+
+def index_of(dev) -> int:
+    """The device index of a torch device argument (None or no index: the current one)."""
+    if dev is None:
+        return _current
+    if not isinstance(dev, torch.device):
+        dev = torch.device(dev)
+    return _current if dev.index is None else dev.index
+
+
+# ---- RNG ----
+
+
+def manual_seed(seed: int, index: int | None = None) -> None:
+    seed = int(seed) & _MASK64
+    with _lock:
+        for i in range(len(_devices)) if index is None else [index]:
+            _rng[i] = [seed, 0]
+
+
+def initial_seed(index: int) -> int:
+    return _rng[index][0]
+
+
+def random_seed(index: int | None = None) -> None:
+    manual_seed(int.from_bytes(os.urandom(8), "little"), index)
+
+
+def next_key(index: int) -> np.ndarray:
+    """The 4 words (seed, offset) of the next random op on ``index``."""
+    with _lock:
+        state = _rng[index]
+        seed, offset = state
+        state[1] = (offset + 1) & _MASK64
+    return np.array(
+        [seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32
+    )
+
+
+def get_rng_state(index: int) -> torch.Tensor:
+    seed, offset = _rng[index]
+    return torch.tensor(np.array([seed, offset], dtype=np.uint64).view(np.uint8))
+
+
+def set_rng_state(state: torch.Tensor, index: int) -> None:
+    raw = state.detach().cpu().contiguous()
+    if raw.dtype != torch.uint8 or raw.numel() != 16:
+        raise RuntimeError(
+            f"torch_jax: set_rng_state expects the 16-byte uint8 tensor that get_rng_state "
+            f"returns, got {raw.dtype} with {raw.numel()} elements"
+        )
+    seed, offset = raw.numpy().view(np.uint64).tolist()
+    with _lock:
+        _rng[index] = [int(seed), int(offset)]
+
+
+# ---- work in flight ----
+
+
+def note_in_flight(index: int, arrays) -> None:
+    pending = _in_flight[index]
+    pending.extend(arrays)
+    if len(pending) > _IN_FLIGHT_PRUNE:
+        pending[:] = [a for a in pending if not a.is_ready()]
+
+
+def synchronize(index: int | None = None) -> None:
+    for i in range(len(_devices)) if index is None else [index]:
+        pending = _in_flight[i]
+        if pending:
+            jax.block_until_ready(pending)
+            pending.clear()

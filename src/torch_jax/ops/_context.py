@@ -1,0 +1,77 @@
+"""What a lowering may ask of the executor while it is being traced.
+
+- :func:`out_dtype`: the dtype PyTorch computes for output ``i`` (from the op's meta
+  kernel), for lowerings that build values from nothing (factories) or must compute
+  in the output dtype.
+- :func:`check`: a value-dependent error (an index out of range). The executor returns
+  the flag from the computation and raises the PyTorch error on the host.
+- :func:`rng_key`: the JAX PRNG key of this op (from the device generator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+
+_tls = threading.local()
+
+
+@dataclasses.dataclass
+class TraceContext:
+    op: object
+    out_dtypes: list  # numpy dtypes, one per tensor output
+    index: int  # jax device index the op runs on
+    checks: list = dataclasses.field(default_factory=list)  # (flag, value, exc_type, message)
+    rng: object = None  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
+
+
+def current() -> TraceContext:
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        raise RuntimeError("torch_jax: lowering called outside of the executor")
+    return ctx
+
+
+class tracing:
+    def __init__(self, ctx: TraceContext):
+        self.ctx = ctx
+
+    def __enter__(self):
+        self.prev = getattr(_tls, "ctx", None)
+        _tls.ctx = self.ctx
+        return self.ctx
+
+    def __exit__(self, *exc):
+        _tls.ctx = self.prev
+        return False
+
+
+def out_dtype(i: int = 0) -> np.dtype:
+    return current().out_dtypes[i]
+
+
+def check(bad, exc_type, message: str, value=None) -> None:
+    """Raise ``exc_type(message.format(value=...))`` on the host if ``bad`` is true.
+
+    ``bad`` is a traced boolean scalar; ``value`` an optional traced integer that the
+    message can show (the offending index).
+    """
+    import jax.numpy as jnp
+
+    ctx = current()
+    v = jnp.asarray(0 if value is None else value, jnp.int64)
+    ctx.checks.append((jnp.asarray(bad, jnp.bool_), v, exc_type, message))
+
+
+def rng_key():
+    """The PRNG key of the random op being traced (a fresh one per call)."""
+    import jax
+
+    ctx = current()
+    if ctx.rng is None:
+        raise RuntimeError(f"torch_jax: {ctx.op} asked for a random key but is not declared random")
+    key = jax.random.wrap_key_data(ctx.rng[:2], impl="threefry2x32")
+    key = jax.random.fold_in(key, ctx.rng[2])
+    return jax.random.fold_in(key, ctx.rng[3])

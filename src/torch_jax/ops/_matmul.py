@@ -1,0 +1,101 @@
+"""Matrix products: mm, bmm, addmm, baddbmm, addbmm, mv, dot, outer products.
+
+Precision follows ``torch.get_float32_matmul_precision()`` ("highest", PyTorch's
+default, is exact float32 on every backend; "high"/"medium" allow TF32/bf16 passes),
+read when the op is compiled. float16/bfloat16 products accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torch_jax.ops._promote import cast, promote
+from torch_jax.ops._registry import aten, lower
+
+_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
+_LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _dot(a, b, contract, batch=((), ())):
+    out = a.dtype
+    acc = jnp.float32 if out in _LOW else None
+    r = lax.dot_general(
+        a,
+        b,
+        (contract, batch),
+        precision=_PRECISION[torch.get_float32_matmul_precision()],
+        preferred_element_type=acc,
+    )
+    return r.astype(out)
+
+
+def matmul2d(a, b):
+    return _dot(a, b, ((1,), (0,)))
+
+
+def bmm3d(a, b):
+    return _dot(a, b, ((2,), (1,)), ((0,), (0,)))
+
+
+def _scaled_add(beta, inp, alpha, prod):
+    # beta == 0 ignores inp entirely (NaN in inp does not propagate), as in PyTorch
+    scaled = jnp.where(beta == 0, jnp.zeros_like(inp), inp * cast(beta, inp.dtype))
+    return scaled + cast(alpha, prod.dtype) * prod
+
+
+@lower(aten.mm.default)
+def mm(a, b):
+    return matmul2d(a, b)
+
+
+@lower(aten.bmm.default)
+def bmm(a, b):
+    return bmm3d(a, b)
+
+
+@lower(aten.addmm.default)
+def addmm(inp, a, b, beta=1, alpha=1):
+    return _scaled_add(beta, inp.astype(a.dtype), alpha, matmul2d(a, b))
+
+
+@lower(aten.baddbmm.default)
+def baddbmm(inp, a, b, beta=1, alpha=1):
+    return _scaled_add(beta, inp.astype(a.dtype), alpha, bmm3d(a, b))
+
+
+@lower(aten.addbmm.default)
+def addbmm(inp, a, b, beta=1, alpha=1):
+    prod = bmm3d(a, b).sum(axis=0).astype(a.dtype)
+    return _scaled_add(beta, inp.astype(a.dtype), alpha, prod)
+
+
+@lower(aten.mv.default)
+def mv(a, v):
+    return _dot(a, v, ((1,), (0,)))
+
+
+@lower(aten.addmv.default)
+def addmv(inp, a, v, beta=1, alpha=1):
+    return _scaled_add(beta, inp.astype(a.dtype), alpha, mv(a, v))
+
+
+@lower(aten.dot.default)
+def dot(a, b):
+    return _dot(a, b, ((0,), (0,)))
+
+
+@lower(aten.vdot.default)
+def vdot(a, b):
+    return _dot(jnp.conj(a), b, ((0,), (0,)))
+
+
+@lower(aten.addr.default)
+def addr(inp, v1, v2, beta=1, alpha=1):
+    (inp, v1, v2), out = promote(inp, v1, v2)
+    prod = v1[:, None] * v2[None, :]
+    if out == np.dtype(np.bool_):
+        return jnp.logical_or(jnp.logical_and(inp, beta), jnp.logical_and(prod, alpha))
+    return cast(_scaled_add(beta, inp, alpha, prod), out)

@@ -1,0 +1,387 @@
+"""Neural-network ops: softmax, losses, normalization, dropout, embedding, attention,
+with the backward ops autograd calls for them."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from torch_jax.ops import _context
+from torch_jax.ops._promote import cast
+from torch_jax.ops._registry import aten, lower
+
+_LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _f32(x):
+    return x.astype(jnp.float32) if x.dtype in _LOW else x
+
+
+# ---------------------------------------------------------------- softmax
+
+
+@lower(aten._softmax.default)
+def softmax(x, dim, half_to_float):
+    out = _context.out_dtype()
+    return jax.nn.softmax(_f32(x), axis=dim).astype(out) if x.ndim else jnp.ones_like(x, out)
+
+
+@lower(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float):
+    out = _context.out_dtype()
+    return jax.nn.log_softmax(_f32(x), axis=dim).astype(out) if x.ndim else jnp.zeros_like(x, out)
+
+
+@lower(aten._softmax_backward_data.default)
+def softmax_backward_data(g, y, dim, input_dtype):
+    g32, y32 = _f32(g), _f32(y)
+    if y.ndim == 0:
+        return jnp.zeros_like(g)
+    return (y32 * (g32 - jnp.sum(g32 * y32, axis=dim, keepdims=True))).astype(_context.out_dtype())
+
+
+@lower(aten._log_softmax_backward_data.default)
+def log_softmax_backward_data(g, y, dim, input_dtype):
+    g32, y32 = _f32(g), _f32(y)
+    if y.ndim == 0:
+        return jnp.zeros_like(g)
+    return (g32 - jnp.exp(y32) * jnp.sum(g32, axis=dim, keepdims=True)).astype(_context.out_dtype())
+
+
+# ---------------------------------------------------------------- losses
+
+
+def _nll_parts(x, target, weight, ignore_index):
+    """Per-element loss terms and weights; the class axis is 1 (0 for 1-D input)."""
+    axis = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[axis]
+    t = target.astype(jnp.int64)
+    valid = t != ignore_index
+    bad = valid & ((t < 0) | (t >= n_classes))
+    _context.check(jnp.any(bad), IndexError, "Target {value} is out of bounds.", jnp.max(jnp.where(bad, t, -(2**62))))
+    safe = jnp.where(valid, jnp.clip(t, 0, n_classes - 1), 0)
+    picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, axis), axis=axis), axis)
+    w = jnp.ones((), x.dtype) if weight is None else weight[safe]
+    w = jnp.where(valid, w, jnp.zeros((), x.dtype))
+    return -picked * w, w, safe, valid, axis
+
+
+@lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    terms, w, _, _, _ = _nll_parts(x, target, weight, ignore_index)
+    total = jnp.sum(jnp.broadcast_to(w, terms.shape))
+    if reduction == 0:
+        return terms, total
+    if reduction == 1:
+        return jnp.sum(terms) / total, total
+    return jnp.sum(terms), total
+
+
+@lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    _, w, safe, valid, axis = _nll_parts(x, target, weight, ignore_index)
+    w = jnp.broadcast_to(w, safe.shape)
+    if reduction == 1:
+        scale = -w * g / total_weight
+    else:
+        scale = -w * g
+    onehot = jax.nn.one_hot(safe, x.shape[axis], dtype=x.dtype, axis=axis)
+    return onehot * jnp.expand_dims(scale, axis)
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(x, y, reduction=1):
+    d = (x - y) ** 2
+    return _reduce(d, reduction)
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(g, x, y, reduction):
+    scale = 2.0 / x.size if reduction == 1 and x.size else 2.0
+    return (g * scale * (x - y)).astype(x.dtype)
+
+
+def _reduce(v, reduction):
+    if reduction == 0:
+        return v
+    if reduction == 1:
+        return jnp.mean(v)
+    return jnp.sum(v)
+
+
+@lower(aten.smooth_l1_loss.default)
+def smooth_l1_loss(x, y, reduction=1, beta=1.0):
+    d = jnp.abs(x - y)
+    v = d - 0.5 * beta if beta == 0 else jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
+    return _reduce(v, reduction)
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(x, y, weight=None, reduction=1):
+    v = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
+    if weight is not None:
+        v = v * weight
+    return _reduce(v, reduction)
+
+
+# ---------------------------------------------------------------- normalization
+
+
+def _stats_axes(x, normalized_ndim):
+    return tuple(range(x.ndim - normalized_ndim, x.ndim))
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    ax = _stats_axes(x, len(normalized_shape))
+    xf = _f32(x)
+    mean = jnp.mean(xf, axis=ax, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=ax, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    y = (xf - mean) * rstd
+    if weight is not None:
+        y = y * _f32(weight)
+    if bias is not None:
+        y = y + _f32(bias)
+    return y.astype(x.dtype), mean, rstd
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    ax = _stats_axes(x, len(normalized_shape))
+    batch_axes = tuple(range(x.ndim - len(normalized_shape)))
+    gf, xf = _f32(g), _f32(x)
+    x_hat = (xf - mean) * rstd
+    dx_hat = gf * _f32(weight) if weight is not None else gf
+    n = 1
+    for a in ax:
+        n *= x.shape[a]
+    grad_input = rstd * (
+        dx_hat - jnp.mean(dx_hat, axis=ax, keepdims=True) - x_hat * jnp.mean(dx_hat * x_hat, axis=ax, keepdims=True)
+    ) if n else jnp.zeros_like(xf)
+    grad_weight = jnp.sum(gf * x_hat, axis=batch_axes) if weight is not None else None
+    grad_bias = jnp.sum(gf, axis=batch_axes) if bias is not None else None
+    return grad_input, grad_weight, grad_bias
+
+
+def _channel_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    xf = _f32(x)
+    c = _channel_shape(x)
+    if training:
+        mean = jnp.mean(xf, axis=axes)
+        var = jnp.mean(jnp.square(xf - mean.reshape(c)), axis=axes)
+        invstd = lax.rsqrt(var + eps)
+        n = x.size // x.shape[1]
+        new_mean = new_var = None
+        if running_mean is not None:
+            new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+        if running_var is not None:
+            unbiased = var * (n / max(n - 1, 1))
+            new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+        save_mean, save_invstd = mean, invstd
+    else:
+        mean = _f32(running_mean)
+        invstd = lax.rsqrt(_f32(running_var) + eps)
+        new_mean = new_var = None
+        save_mean, save_invstd = mean, invstd
+    y = (xf - mean.reshape(c)) * invstd.reshape(c)
+    if weight is not None:
+        y = y * _f32(weight).reshape(c)
+    if bias is not None:
+        y = y + _f32(bias).reshape(c)
+    return y.astype(x.dtype), save_mean, save_invstd, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    y, m, s, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return y, m, s, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
+    y, m, s, _, _ = _batch_norm(x, weight, bias, None, None, True, momentum, eps)
+    return y, m, s
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    y, m, s, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return y, m, s
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(g, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+    axes = (0,) + tuple(range(2, x.ndim))
+    c = _channel_shape(x)
+    gf, xf = _f32(g), _f32(x)
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean, invstd = _f32(running_mean), lax.rsqrt(_f32(running_var) + eps)
+    x_hat = (xf - mean.reshape(c)) * invstd.reshape(c)
+    w = _f32(weight).reshape(c) if weight is not None else 1.0
+    if train:
+        dx_hat = gf * w
+        grad_input = invstd.reshape(c) * (
+            dx_hat - jnp.mean(dx_hat, axis=axes, keepdims=True) - x_hat * jnp.mean(dx_hat * x_hat, axis=axes, keepdims=True)
+        )
+    else:
+        grad_input = gf * w * invstd.reshape(c)
+    grad_weight = jnp.sum(gf * x_hat, axis=axes)
+    grad_bias = jnp.sum(gf, axis=axes)
+    return grad_input, grad_weight, grad_bias
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, n, c, hw, group, eps):
+    xf = _f32(x).reshape(n, group, -1)
+    mean = jnp.mean(xf, axis=2)
+    var = jnp.mean(jnp.square(xf - mean[..., None]), axis=2)
+    rstd = lax.rsqrt(var + eps)
+    y = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    cs = _channel_shape(x)
+    if weight is not None:
+        y = y * _f32(weight).reshape(cs)
+    if bias is not None:
+        y = y + _f32(bias).reshape(cs)
+    return y.astype(x.dtype), mean, rstd
+
+
+@lower(aten.native_group_norm_backward.default)
+def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output_mask):
+    # y = (x - mean) * rstd * w + b with the saved statistics
+    xf = _f32(x).reshape(n, group, -1)
+    x_hat = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    cs = _channel_shape(x)
+    gf = _f32(g)
+    w = _f32(weight).reshape(cs) if weight is not None else 1.0
+    dx_hat = (gf * w).reshape(n, group, -1)
+    xh = x_hat.reshape(n, group, -1)
+    grad_input = (rstd[..., None] * (dx_hat - dx_hat.mean(axis=2, keepdims=True) - xh * (dx_hat * xh).mean(axis=2, keepdims=True))).reshape(x.shape)
+    axes = (0,) + tuple(range(2, x.ndim))
+    return grad_input, jnp.sum(gf * x_hat, axis=axes), jnp.sum(gf, axis=axes)
+
+
+# ---------------------------------------------------------------- dropout
+
+
+@lower(aten.native_dropout.default, random=True)
+def native_dropout(x, p, train):
+    if train is False or p == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = jax.random.bernoulli(_context.rng_key(), 1.0 - p, x.shape)
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)).astype(x.dtype), keep
+
+
+@lower(aten.native_dropout_backward.default)
+def native_dropout_backward(g, mask, scale):
+    return (g * mask.astype(g.dtype) * scale).astype(g.dtype)
+
+
+# ---------------------------------------------------------------- embedding and indexing
+
+
+def check_index(idx, size: int, what: str = "index out of range in self"):
+    bad = (idx < 0) | (idx >= size)
+    _context.check(jnp.any(bad), IndexError, what)
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    check_index(indices, weight.shape[0])
+    return jnp.take(weight, indices.astype(jnp.int64), axis=0, mode="clip")
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(g, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1).astype(jnp.int64)
+    gf = g.reshape(idx.shape[0], -1)
+    if padding_idx >= 0:
+        gf = jnp.where((idx == padding_idx)[:, None], jnp.zeros((), gf.dtype), gf)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), gf.dtype).at[idx].add(1)
+        gf = gf / counts[idx][:, None]
+    out = jnp.zeros((num_weights, gf.shape[1]), _f32(gf).dtype).at[idx].add(_f32(gf))
+    return out.astype(g.dtype)
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
+    """softmax(q k^T * scale + bias) v; also returns the logsumexp (B, H, L)."""
+    e = q.shape[-1]
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    hq, hk = q.shape[-3] if q.ndim >= 3 else 1, k.shape[-3] if k.ndim >= 3 else 1
+    if q.ndim >= 3 and hq != hk:  # grouped-query attention: repeat key/value heads
+        k = jnp.repeat(k, hq // hk, axis=-3)
+        v = jnp.repeat(v, hq // hk, axis=-3)
+    s = jnp.einsum("...le,...se->...ls", _f32(q), _f32(k), precision=lax.Precision.HIGHEST) * scale
+    L, S = s.shape[-2], s.shape[-1]
+    if is_causal:
+        causal = jnp.tril(jnp.ones((L, S), jnp.bool_))
+        s = jnp.where(causal, s, -jnp.inf)
+    if bias is not None:
+        if bias.dtype == jnp.bool_:
+            s = jnp.where(bias, s, -jnp.inf)
+        else:
+            s = s + _f32(bias)
+    lse = jax.nn.logsumexp(s, axis=-1)
+    p = jnp.exp(s - lse[..., None])
+    if dropout_p > 0:
+        keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
+        p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
+    out = jnp.einsum("...ls,...sv->...lv", p, _f32(v), precision=lax.Precision.HIGHEST)
+    return out.astype(q.dtype), lse
+
+
+def _philox_words(rng):
+    seed = (rng[0].astype(jnp.uint64) << 32) | rng[1].astype(jnp.uint64)
+    offset = (rng[3].astype(jnp.uint64) << 32) | rng[2].astype(jnp.uint64)
+    return lax.bitcast_convert_type(seed, jnp.int64), lax.bitcast_convert_type(offset, jnp.int64)
+
+
+def _key_from_words(seed, offset):
+    seed = lax.bitcast_convert_type(seed, jnp.uint64)
+    offset = lax.bitcast_convert_type(offset, jnp.uint64)
+    rng = jnp.stack([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32]).astype(jnp.uint32)
+    key = jax.random.wrap_key_data(rng[:2], impl="threefry2x32")
+    return jax.random.fold_in(jax.random.fold_in(key, rng[2]), rng[3])
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
+def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    out, lse = _sdpa_forward(q, k, v, attn_bias, dropout_p, is_causal, scale, _context.rng_key())
+    seed, offset = _philox_words(_context.current().rng)
+    return out, lse, None, None, None, None, seed, offset, None
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+def sdpa_overrideable_backward(
+    g, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+    dropout_p, is_causal, philox_seed, philox_offset, scale=None,
+):
+    key = _key_from_words(philox_seed, philox_offset) if dropout_p > 0 else None
+    has_bias = attn_bias is not None and attn_bias.size > 0 and attn_bias.dtype != jnp.bool_
+
+    def f(q_, k_, v_, b_):
+        return _sdpa_forward(q_, k_, v_, b_ if has_bias else attn_bias, dropout_p, is_causal, scale, key)[0]
+
+    b0 = attn_bias if has_bias else jnp.zeros((), q.dtype)
+    _, vjp = jax.vjp(f, q, k, v, b0)
+    gq, gk, gv, gb = vjp(g.astype(q.dtype))
+    if not has_bias:
+        gb = jnp.zeros((0,), q.dtype)
+    return gq, gk, gv, gb
+

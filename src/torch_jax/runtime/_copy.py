@@ -1,0 +1,204 @@
+"""Copies: host <-> device, device <-> device, and reading values back to Python.
+
+NOTE [One copy each way]: host to device, the CPU tensor's memory is viewed as numpy
+without a copy and handed to JAX once (on the CPU platform JAX aliases a numpy
+buffer, so we give it a private copy, which is then the only copy). Device to host,
+JAX's buffer is viewed without a copy where it is host memory (or fetched once where
+it is not) and copied once into the CPU tensor.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from torch_jax.device import _state as _devices
+from torch_jax.runtime import _executor, _stats
+from torch_jax.tensor import _dtypes, _storage
+
+aten = torch.ops.aten
+
+
+def _whole_dense_perm(t: torch.Tensor):
+    """If ``t`` covers its whole storage densely, its dims in memory order (identity
+    for contiguous); else None."""
+    box = _storage.box_of(t)
+    if t.dtype != box.dtype or t.numel() != box.numel or t.storage_offset() != 0:
+        return None
+    return _storage.dense_perm(t.shape, t.stride())
+
+
+# ---------------------------------------------------------------- host -> device
+
+
+def upload(a: np.ndarray, index: int, non_blocking: bool = False):
+    """A JAX array on jax:index holding the values of the numpy array ``a`` (one copy)."""
+    dev = _devices.device(index)
+    _stats.counters["host_transfers"] += 1
+    if dev.platform == "cpu":
+        # JAX's CPU client aliases the numpy buffer: give it one that nobody else writes
+        return jax.device_put(np.array(a, order="C", copy=True), dev)
+    arr = jax.device_put(np.ascontiguousarray(a), dev)
+    if not non_blocking:
+        arr.block_until_ready()  # the CPU tensor may be written as soon as we return
+    return arr
+
+
+def upload_tensor(src: torch.Tensor, index: int, non_blocking: bool = False) -> torch.Tensor:
+    """A new contiguous device tensor with the values of the CPU tensor ``src``."""
+    arr = upload(_dtypes.tensor_to_numpy(src.detach()), index, non_blocking)
+    return _storage.new_tensor(src.shape, src.dtype, index, arr)
+
+
+# ---------------------------------------------------------------- device -> host
+
+
+def logical_array(t: torch.Tensor):
+    """The JAX array of ``t``'s values in its logical shape (a read of the view)."""
+    box = _storage.box_of(t)
+    arr = box.arr
+    if arr is not None and t.dtype is box.dtype and t.is_contiguous() and arr.shape == t.shape:
+        return arr
+    out = _executor.run(_executor.SPECS[aten.clone.default], (t, torch.contiguous_format))
+    return _storage.box_of(out).arr
+
+
+def to_numpy(arr) -> np.ndarray:
+    """A writable numpy array that we own, with the values of a JAX array (one copy)."""
+    _stats.counters["host_transfers"] += 1
+    fetch = getattr(arr, "_single_device_array_to_np_array_did_copy", None)
+    if fetch is not None:
+        npy, did_copy = fetch()
+        if did_copy and npy.flags.owndata:
+            npy.flags.writeable = True
+            return npy
+        return np.array(npy, copy=True)
+    return np.array(arr, copy=True)
+
+
+def download(t: torch.Tensor) -> torch.Tensor:
+    """A new CPU tensor with ``t``'s values; dense layouts (e.g. transposed) keep their
+    strides, as ``.cpu()`` does on CUDA."""
+    perm = _whole_dense_perm(t)
+    box = _storage.box_of(t)
+    if perm is not None and box.arr is not None:
+        physical = to_numpy(box.arr).reshape([t.shape[d] for d in perm])
+        base = _dtypes.numpy_to_tensor(physical)
+        if perm == list(range(t.dim())):
+            return base.reshape(t.shape)
+        return base.reshape(-1).as_strided(t.shape, t.stride())
+    return _dtypes.numpy_to_tensor(to_numpy(logical_array(t)))
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
+    if self.is_cpu:
+        return self.copy_(download(src))
+    index = _storage.box_of(self).index
+    if src.is_cpu:
+        if _upload_into(self, src, index, non_blocking):
+            return self
+        src = upload_tensor(src, index, non_blocking)
+    elif _storage.box_of(src).index != index:
+        src = move(src, index)
+    if _alias_whole(self, src):
+        return self
+    return _executor.run(_executor.SPECS[aten.copy_.default], (self, src, non_blocking))
+
+
+def move(t: torch.Tensor, index: int) -> torch.Tensor:
+    """A contiguous copy of ``t`` on jax:index."""
+    arr = jax.device_put(logical_array(t), _devices.device(index))
+    return _storage.new_tensor(t.shape, t.dtype, index, arr)
+
+
+def _upload_into(self, src, index, non_blocking) -> bool:
+    """Upload a CPU tensor straight into ``self``'s storage when ``self`` is the whole
+    storage with the same dtype and shape: no device-side work at all."""
+    if src.dtype != self.dtype or src.shape != self.shape:
+        return False
+    perm = _whole_dense_perm(self)
+    if perm is None:
+        return False
+    physical = _dtypes.tensor_to_numpy(src.detach()).transpose(perm)
+    _storage.box_of(self).arr = upload(physical, index, non_blocking)
+    return True
+
+
+def _alias_whole(self, src) -> bool:
+    """``self = src`` for whole, same-dtype, same-shape contiguous tensors: share src's
+    (immutable) array; no computation."""
+    sbox = _storage.box_of(src)
+    arr = sbox.arr
+    if arr is None or src.dtype is not sbox.dtype or arr.shape != src.shape or not src.is_contiguous():
+        return False
+    if src.dtype != self.dtype or src.shape != self.shape or not self.is_contiguous():
+        return False
+    box = _storage.box_of(self)
+    if box.dtype != self.dtype or box.numel != self.numel():
+        return False
+    box.arr = arr
+    return True
+
+
+def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    target = torch.device(device) if device is not None else self.device
+    if self.is_cpu:  # the device argument dispatched a CPU -> jax copy here
+        src = self if dtype is None or dtype == self.dtype else self.to(dtype)
+        index = _devices.index_of(target)
+        keep = memory_format in (None, torch.preserve_format) and _storage.dense_perm(src.shape, src.stride())
+        out = _storage.new_tensor(src.shape, src.dtype, index, None, src.stride() if keep else None)
+        return copy_(out, src, non_blocking)
+    if target.type == "cpu":
+        out = download(self)
+        if memory_format == torch.contiguous_format:
+            out = out.contiguous()
+        return out if dtype is None or dtype == out.dtype else out.to(dtype)
+    if target.type != _storage_device_type():
+        raise RuntimeError(f"torch_jax: cannot copy a jax tensor to device {target}")
+    index = _devices.index_of(target)
+    if index != _storage.box_of(self).index:
+        self = move(self, index)
+        if dtype is None or dtype == self.dtype:
+            return self
+    args = (self, dtype, layout, None, pin_memory, non_blocking, memory_format)
+    return _executor.run(_executor.SPECS[aten._to_copy.default], args)
+
+
+def _storage_device_type() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def local_scalar_dense(self):
+    value = to_numpy(logical_array(self)).reshape(()).item()
+    if self.dtype == torch.bool:
+        return bool(value)
+    if self.dtype.is_complex:
+        return complex(value)
+    if self.dtype.is_floating_point:
+        return float(value)
+    return int(value)
+
+
+def copy_from(src, dst, non_blocking=False):
+    return copy_(dst, src, non_blocking)
+
+
+def copy_from_and_resize(src, dst):
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return copy_(dst, src)
+
+
+def kernels():
+    return [
+        (aten.copy_.default, copy_),
+        (aten._copy_from.default, copy_from),
+        (aten._copy_from_and_resize.default, copy_from_and_resize),
+        (aten._to_copy.default, _to_copy),
+        (aten._local_scalar_dense.default, local_scalar_dense),
+    ]
+

@@ -1,0 +1,515 @@
+"""The strict eager executor: each aten op runs at once as one cached XLA computation.
+
+NOTE [Strict eager]: a kernel call builds a key from the op's static arguments and a
+descriptor per tensor (shape and dtype for a tensor that is its whole storage; the
+full view for any other), looks up the compiled computation, and calls it with the
+storage arrays. The computation reads views, runs the lowering, casts to the dtypes
+PyTorch computes, and writes in-place results back through views, all in one XLA
+program. JAX dispatch is asynchronous, so the host does not wait for results until
+something reads them; ``TORCH_JAX_LAUNCH_BLOCKING=1`` waits after every op.
+
+On a cache miss the op's Meta kernel runs first, on meta tensors with the same sizes,
+strides and dtypes: it raises PyTorch's own errors for bad shapes and dtypes, and
+gives the output sizes, strides and dtypes the result must have.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax.sharding import SingleDeviceSharding
+
+from torch_jax._config import config
+from torch_jax.ops import _context
+from torch_jax.device import _state as _devices
+from torch_jax.runtime import _stats
+from torch_jax.tensor import _dtypes, _storage, _strided
+
+Tensor = torch.Tensor
+_new_tensor = _storage.new_tensor
+_TO_NP = _dtypes.TO_NP
+
+# argument kinds
+T, OT, TL, OTL, S, OS, X = range(7)
+_KIND_OF_TYPE = {
+    "Tensor": T,
+    "Optional[Tensor]": OT,
+    "List[Tensor]": TL,
+    "List[Optional[Tensor]]": OTL,
+    "number": S,
+    "Optional[number]": OS,
+}
+
+
+SPECS: dict = {}  # op overload -> OpSpec, filled by _install
+
+
+class OpSpec:
+    """What the executor needs to know about one registered op overload.
+
+    ``writes`` are the positions of arguments the op mutates (``Tensor(a!)``). For an
+    in-place variant derived from a functional lowering (``inplace=True``) the
+    lowering's result is written into argument 0. Otherwise a lowering of a mutating op
+    returns its fresh outputs followed by the new values of the written arguments, in
+    schema order (a list for a ``Tensor[]`` argument, None to leave one unwritten).
+    """
+
+    __slots__ = (
+        "op", "lowering", "kinds", "names", "kwarg_only", "inplace", "writes", "returns",
+        "n_fresh", "returns_list", "random", "cache",
+    )
+
+    def __init__(self, op, lowering, inplace: bool):
+        self.op = op
+        self.lowering = lowering
+        schema = op._schema
+        args = schema.arguments
+        self.names = [a.name for a in args]
+        self.kwarg_only = [a.kwarg_only for a in args]
+        kinds = []
+        for a in args:
+            kind = _KIND_OF_TYPE.get(str(a.type), X)
+            if kind in (S, OS) and a.name in lowering.static:
+                kind = X
+            kinds.append(kind)
+        self.kinds = kinds
+        self.inplace = inplace
+        self.writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        if inplace and self.writes != [0]:
+            raise RuntimeError(f"torch_jax: {op} is not an in-place op of its first argument")
+        # each return: None (a fresh tensor) or the position of the argument it aliases
+        self.returns = []
+        for r in schema.returns:
+            alias = None
+            if r.alias_info is not None and r.alias_info.is_write:
+                for i in self.writes:
+                    if args[i].alias_info.before_set == r.alias_info.before_set:
+                        alias = i
+            self.returns.append(alias)
+        self.n_fresh = sum(1 for r in self.returns if r is None)
+        self.returns_list = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
+        self.random = lowering.random
+        self.cache = {}
+
+
+def _freeze(v):
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _device_mismatch(a: str, b: str) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
+    )
+
+
+class _Build:
+    """Accumulates the key and the dynamic inputs of one call."""
+
+    __slots__ = ("key", "dyn", "index")
+
+    def __init__(self):
+        self.key = []
+        self.dyn = []
+        self.index = -1
+
+    def tensor(self, t):
+        if t.__class__ is not Tensor and not isinstance(t, Tensor):
+            # a Python scalar where the schema says Tensor: PyTorch's wrapped number
+            self.dyn.append(t)
+            return ("s", type(t))
+        if t.is_cpu:
+            if t.dim() != 0:
+                self._mismatch("cpu")
+            self.dyn.append(np.asarray(_dtypes.tensor_to_numpy(t)))
+            return ("c", t.dtype)
+        try:
+            box = t.untyped_storage()._box
+        except AttributeError:
+            self._mismatch(str(t.device))
+        index = box.index
+        if index != self.index:
+            if self.index >= 0:
+                raise _device_mismatch(f"jax:{self.index}", f"jax:{index}")
+            self.index = index
+        arr = box.arr
+        dtype = t.dtype
+        if arr is not None:
+            if dtype is box.dtype and t.is_contiguous() and arr.shape == t.shape:
+                self.dyn.append(arr)
+                return (arr.shape, dtype)
+            self.dyn.append(arr)
+            shape = arr.shape
+        elif dtype is box.dtype and t.is_contiguous() and t.numel() == box.numel:
+            return ("u", tuple(t.shape), dtype)  # a never-written storage: reads as zeros
+        else:
+            shape = None
+        return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), t.storage_offset(), dtype)
+
+    def _mismatch(self, other: str):
+        here = f"jax:{self.index}" if self.index >= 0 else "jax:0"
+        raise _device_mismatch(here, other)
+
+
+def run(spec: OpSpec, args):
+    """Run one op call; ``args`` are the schema's arguments in order."""
+    b = _Build()
+    key = b.key
+    for kind, a in zip(spec.kinds, args):
+        if kind == T or kind == OT:
+            key.append(None if a is None else b.tensor(a))
+        elif kind == X:
+            key.append(_freeze(a))
+        elif kind == S or kind == OS:
+            if a is None:
+                key.append(None)
+            else:
+                if isinstance(a, Tensor):  # a Scalar argument given as a 0-dim tensor
+                    a = a.item()
+                key.append(type(a))
+                b.dyn.append(a)
+        else:  # TL, OTL
+            key.append(tuple(None if x is None else b.tensor(x) for x in a))
+    index = b.index
+    if index < 0:
+        index = _index_without_tensors(spec, args)
+    key.append(index)
+    if len(spec.writes) > 1 or (spec.writes and spec.kinds[spec.writes[0]] == TL):
+        key.append(_write_groups(spec, args))
+    if spec.random:
+        b.dyn.append(_devices.next_key(index))
+    key = tuple(key)
+    entry = spec.cache.get(key)
+    if entry is None:
+        entry = _compile(spec, args, key, index, b.dyn)
+        spec.cache[key] = entry
+    else:
+        _stats.counters["cache_hits"] += 1
+    _stats.counters["ops"] += 1
+    return entry.finish(args, entry.fn(*b.dyn))
+
+
+def _write_targets(spec: OpSpec, args):
+    """The tensors an op writes, one per write slot (None for an absent optional)."""
+    for i in spec.writes:
+        a = args[i]
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
+def _write_groups(spec: OpSpec, args):
+    """For each write slot, the first slot writing the same storage: writes to one
+    storage must be applied one after the other."""
+    seen = {}
+    groups = []
+    for t in _write_targets(spec, args):
+        if t is None:
+            groups.append(None)
+        else:
+            groups.append(seen.setdefault(id(_storage.box_of(t)), len(groups)))
+    return tuple(groups)
+
+
+def _index_without_tensors(spec: OpSpec, args) -> int:
+    """The device of an op without device tensor arguments: its ``device`` argument, or
+    the box of the tensor it writes (an uninitialized storage)."""
+    for name, a in zip(spec.names, args):
+        if name == "device" and a is not None:
+            return _devices.index_of(a)
+    for a in args:
+        if isinstance(a, Tensor) and not a.is_cpu:
+            return _storage.box_of(a).index
+    return _devices.current()
+
+
+# ---------------------------------------------------------------- compilation
+
+
+def _meta_of(x):
+    if isinstance(x, Tensor) and not x.is_cpu:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_meta_of(y) for y in x)
+    return x
+
+
+def _meta_outputs(spec: OpSpec, args):
+    """Run the op's Meta kernel: PyTorch's errors, and the fresh outputs' size, stride
+    and dtype (None for an undefined output). Returns None when there is no meta kernel."""
+    meta_args, meta_kwargs = [], {}
+    for name, kw, a in zip(spec.names, spec.kwarg_only, args):
+        if name == "device" and a is not None:
+            a = torch.device("meta")
+        if kw:
+            meta_kwargs[name] = _meta_of(a)
+        else:
+            meta_args.append(_meta_of(a))
+    try:
+        out = spec.op(*meta_args, **meta_kwargs)
+    except NotImplementedError:
+        return None
+    except RuntimeError as e:
+        if "meta" in str(e) and ("not implemented" in str(e) or "Could not run" in str(e)):
+            return None
+        raise
+    outs = [out] if isinstance(out, Tensor) or out is None else list(out)
+    if spec.returns_list:
+        return outs
+    return [o for o, alias in zip(outs, spec.returns) if alias is None]
+
+
+def _layout(size, stride):
+    """How an output is stored: (physical permutation or None, strides).
+
+    Outputs keep PyTorch's strides when they are dense (a permutation of a contiguous
+    layout, e.g. an elementwise op on a transposed input); the box then holds the
+    array in memory order. Other layouts become contiguous."""
+    contiguous = _storage.contiguous_strides(size)
+    if list(stride) == contiguous or math.prod(size) <= 1:
+        return None, contiguous
+    perm = _storage.dense_perm(size, stride)
+    if perm is None:
+        return None, contiguous
+    return perm, list(stride)
+
+
+class _Entry:
+    """One compiled computation and how to turn its results into tensors."""
+
+    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups")
+
+    def finish(self, args, results):
+        if config.launch_blocking:
+            jax.block_until_ready(results)
+        if self.checks:
+            _raise_failed_checks(self.checks, results[-len(self.checks):])
+        index = self.index
+        _devices.note_in_flight(index, results)
+        spec = self.spec
+        if spec.inplace:
+            self_t = args[0]
+            _storage.box_of(self_t).arr = results[0]
+            return self_t
+        fresh = []
+        arrays = iter(results)
+        for out in self.outs:
+            if out is None or out[0] == "value":
+                fresh.append(None if out is None else out[1])
+            else:
+                size, stride, dtype, numel = out
+                fresh.append(_new_tensor(size, dtype, index, next(arrays), stride, numel))
+        if spec.writes:
+            self._write_back(args, arrays)
+        if spec.returns_list:
+            return fresh
+        rets = []
+        it = iter(fresh)
+        for alias in spec.returns:
+            rets.append(next(it) if alias is None else args[alias])
+        if len(rets) == 1:
+            return rets[0]
+        return tuple(rets) if rets else None
+
+    def _write_back(self, args, arrays):
+        groups = self.n_groups
+        it = iter(arrays)
+        for slot, t in enumerate(_write_targets(self.spec, args)):
+            if t is not None and (groups is None or groups[slot] == slot):
+                _storage.box_of(t).arr = next(it)
+
+
+def _raise_failed_checks(checks, flags):
+    for (exc_type, message), flag in zip(checks, flags):
+        bad, value = np.asarray(flag).tolist()
+        if bad:
+            raise exc_type(message.format(value=value))
+
+
+def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
+    _stats.counters["compiles"] += 1
+    if config.debug >= 1:
+        print(f"[torch_jax] compiling {spec.op}")
+    targets = list(_write_targets(spec, args))
+    for t in targets:
+        if t is not None and _strided.has_internal_overlap(t.shape, t.stride()):
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor refers to a "
+                "single memory location. Please clone() the tensor before performing the operation."
+            )
+    kinds = spec.kinds
+    arg_keys = key[: len(kinds)]
+    groups = key[len(kinds) + 1] if len(key) > len(kinds) + 1 else None
+    lowering = spec.lowering.fn
+    entry = _Entry()
+    entry.spec = spec
+    entry.index = index
+    entry.checks = []
+    entry.n_groups = groups
+
+    # where each tensor argument's storage array sits in dyn (for writes)
+    positions = {}
+
+    def call_lowering(dyn, out_dtypes):
+        it = _Counting(dyn)
+        vals = []
+        for pos, (kind, k) in enumerate(zip(kinds, arg_keys)):
+            if kind == X:
+                vals.append(k)
+            elif kind == S or kind == OS:
+                vals.append(None if k is None else next(it))
+            elif kind == T or kind == OT:
+                positions[pos] = it.i
+                vals.append(_read(k, it))
+            else:
+                items = []
+                for j, x in enumerate(k):
+                    positions[(pos, j)] = it.i
+                    items.append(_read(x, it))
+                vals.append(items)
+        ctx = _context.TraceContext(spec.op, out_dtypes, index)
+        if spec.random:
+            ctx.rng = next(it)
+        with _context.tracing(ctx):
+            result = lowering(*vals)
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        return results, ctx
+
+    # fresh outputs: metadata from the Meta kernel, or from JAX where there is none
+    metas = _meta_outputs(spec, args)
+    if spec.inplace:
+        fresh = []
+    elif metas is None:
+        shaped = jax.eval_shape(lambda *d: call_lowering(d, None)[0][: spec.n_fresh or None], *dyn)
+        fresh = [(tuple(a.shape), _storage.contiguous_strides(a.shape), _dtypes.to_torch(a.dtype)) for a in shaped]
+    else:
+        # None: an undefined tensor; ("value", v): a non-tensor return (an int)
+        fresh = [
+            m if m is None else (tuple(m.shape), m.stride(), m.dtype) if isinstance(m, Tensor) else ("value", m)
+            for m in metas
+        ]
+    layouts = [None if f is None or f[0] == "value" else _layout(f[0], f[1]) for f in fresh]
+    entry.outs = [
+        f if lay is None else (list(f[0]), lay[1], f[2], _storage.storage_numel(f[0], lay[1]))
+        for f, lay in zip(fresh, layouts)
+    ]
+    out_dtypes = [None if lay is None else _TO_NP[f[2]] for f, lay in zip(fresh, layouts)]
+    write_slots = _slots(spec, arg_keys)  # (arg position key, tensor key, target tensor)
+
+    def traced(*dyn):
+        results, ctx = call_lowering(dyn, out_dtypes if not spec.inplace else [_TO_NP[targets[0].dtype]])
+        outs = []
+        for i, f in enumerate(fresh):
+            if layouts[i] is None:
+                continue
+            r = _cast(results[i], out_dtypes[i], f[0], spec)
+            perm = layouts[i][0]
+            outs.append(r if perm is None else jnp.transpose(r, perm))
+        if spec.inplace:
+            values = results[:1]
+        else:
+            values = []
+            for i, r in zip(spec.writes, results[len(fresh):]):
+                values.extend(r if kinds[i] == TL else [r])
+        current = {}
+        order = []
+        for slot, ((pos, k), t, v) in enumerate(zip(write_slots, targets, values)):
+            if t is None or v is None:
+                continue
+            g = slot if groups is None else groups[slot]
+            if g not in current:
+                order.append(g)
+                current[g] = dyn[positions[pos]] if _has_array(k) else None
+            v = _cast(v, _TO_NP[t.dtype], tuple(t.shape), spec)
+            current[g] = _write(current[g], k, v)
+        outs.extend(current[g] for g in order)
+        entry.checks = [(exc, msg) for _, _, exc, msg in ctx.checks]
+        for flag, value, _, _ in ctx.checks:
+            outs.append(jnp.stack([flag.astype(jnp.int64), value]))
+        return tuple(outs)
+
+    entry.fn = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
+    return entry
+
+
+class _Counting:
+    """An iterator over dyn that knows its position."""
+
+    __slots__ = ("dyn", "i")
+
+    def __init__(self, dyn):
+        self.dyn = dyn
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        v = self.dyn[self.i]
+        self.i += 1
+        return v
+
+
+def _slots(spec: OpSpec, arg_keys):
+    slots = []
+    for i in spec.writes:
+        if spec.kinds[i] == TL:
+            slots.extend(((i, j), k) for j, k in enumerate(arg_keys[i]))
+        else:
+            slots.append((i, arg_keys[i]))
+    return slots
+
+
+def _has_array(k) -> bool:
+    tag = k[0]
+    return not (tag == "u" or (tag == "v" and k[1] is None))
+
+
+def _write(arr, k, value):
+    """The storage array after writing ``value`` through the tensor described by ``k``."""
+    if k[0] == "v":
+        _, _, box_dtype, numel, size, stride, offset, dtype = k
+        return _strided.write(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]), value)
+    return value  # the tensor is its whole storage, in the array's shape
+
+
+def _read(k, it):
+    """The JAX value of one tensor argument inside the computation."""
+    if k is None:
+        return None
+    tag = k[0]
+    if tag == "s" or tag == "c":
+        return next(it)
+    if tag == "u":
+        return jnp.zeros(k[1], _TO_NP[k[2]])
+    if tag == "v":
+        _, shape, box_dtype, numel, size, stride, offset, dtype = k
+        arr = next(it) if shape is not None else None
+        return _strided.read(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]))
+    return next(it)
+
+
+def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):
+    r = jnp.asarray(r)
+    if r.dtype != dtype:
+        r = r.astype(dtype)
+    if tuple(r.shape) != tuple(shape):
+        try:
+            return jnp.broadcast_to(r, shape)
+        except ValueError:
+            raise RuntimeError(
+                f"torch_jax internal error: the lowering of {spec.op} returned shape {tuple(r.shape)}, "
+                f"PyTorch expects {tuple(shape)}"
+            ) from None
+    return r
+
+
+def safe_name(name: str) -> str:
+    return name + "_" if keyword.iskeyword(name) else name

@@ -1,0 +1,189 @@
+"""Registers every kernel of the ``jax`` device with PyTorch's dispatcher.
+
+For each op in the lowering table this registers the functional kernel and derives,
+from the schemas, the in-place kernel (``add_.Tensor`` writes ``add.Tensor``'s result
+into self) and the ``out=`` kernel (``add.out`` runs ``add.Tensor`` and copies into
+out). Hand-written kernels (allocation, views, copies) are registered as they are.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import torch
+
+from torch_jax.runtime import _executor
+
+aten = torch.ops.aten
+_TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+_lib = None
+REGISTERED: dict = {}  # op overload -> how it is implemented ("lowered", "inplace", "out", "kernel")
+
+
+def _signature(op, skip=()):
+    return tuple(
+        (a.name, str(a.type))
+        for a in op._schema.arguments
+        if a.name not in skip and not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)
+    )
+
+
+def _out_args(op):
+    return [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+
+def _inplace_variant(op):
+    packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
+    if packet is None:
+        return None
+    inplace = getattr(packet, op._overloadname, None)
+    if inplace is None:
+        return None
+    args = inplace._schema.arguments
+    if not args or args[0].alias_info is None or not args[0].alias_info.is_write:
+        return None
+    if _signature(inplace) != _signature(op):
+        return None
+    return inplace
+
+
+def _out_variant(op):
+    packet = getattr(aten, op._schema.name.split("::")[1])
+    want = _signature(op, skip=_TENSOR_OPTIONS)
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if cand is op or not _out_args(cand):
+            continue
+        if _signature(cand) == want:
+            return cand
+    return None
+
+
+def _make_kernel(op, body: str, namespace: dict):
+    """A Python function with the op's schema as its signature (defaults included), so
+    the dispatcher's positional and keyword arguments land in schema order."""
+    params, names = [], []
+    kw = False
+    for i, a in enumerate(op._schema.arguments):
+        name = _executor.safe_name(a.name)
+        if a.kwarg_only and not kw:
+            params.append("*")
+            kw = True
+        if a.has_default_value():
+            namespace[f"_d{i}"] = a.default_value
+            params.append(f"{name}=_d{i}")
+        else:
+            params.append(name)
+        names.append(name)
+    src = f"def kernel({', '.join(params)}):\n    {body.replace('ARGS', ', '.join(names) + ',')}\n"
+    exec(compile(src, f"<torch_jax kernel {op}>", "exec"), namespace)
+    kernel = namespace["kernel"]
+    kernel.__name__ = str(op).replace(".", "_")
+    return kernel
+
+
+def _functional_kernel(spec):
+    return _make_kernel(spec.op, "return _run(_spec, (ARGS))", {"_run": _executor.run, "_spec": spec})
+
+
+def _out_kernel(out_op, spec):
+    """``op.out(..., out=o)``: run the functional op, then resize and copy into ``o``."""
+    functional_args = []
+    out_names = _out_args(out_op)
+    have = {a.name for a in out_op._schema.arguments}
+    for a in spec.op._schema.arguments:
+        if a.name in have:
+            functional_args.append(_executor.safe_name(a.name))
+        elif a.name == "dtype":
+            functional_args.append(f"{out_names[0]}.dtype")
+        elif a.name == "device":
+            functional_args.append(f"{out_names[0]}.device")
+        else:
+            functional_args.append("None")
+    body = (
+        f"return _write_out(_run(_spec, ({', '.join(functional_args)},)), "
+        f"({', '.join(_executor.safe_name(n) for n in out_names)},))"
+    )
+    ns = {"_run": _executor.run, "_spec": spec, "_write_out": write_out}
+    return _make_kernel(out_op, body, ns)
+
+
+def write_out(result, outs):
+    """Copy an op's result(s) into its out= tensors with PyTorch's rules: outputs are
+    resized to the result's shape (warning if they held elements), dtypes must be
+    castable."""
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for r, o in zip(results, outs):
+        if not torch.can_cast(r.dtype, o.dtype):
+            raise RuntimeError(f"result type {_dtype_name(r.dtype)} can't be cast to the desired output type {_dtype_name(o.dtype)}")
+        if o.shape != r.shape:
+            if o.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape {list(o.shape)}, "
+                    f"which does not match the required output shape {list(r.shape)}. This behavior is "
+                    "deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                    "have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                    "to zero elements with t.resize_(0).",
+                    stacklevel=3,
+                )
+            o.resize_(r.shape)
+        o.copy_(r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _dtype_name(dtype) -> str:
+    return {
+        torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+        torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+        torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+    }.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _register(op, kernel, how: str):
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(op.name(), "CompositeImplicitAutograd") and not has(op.name(), "Autograd"):
+        # a backend kernel for an op whose autograd comes from its decomposition would
+        # bypass autograd
+        raise RuntimeError(f"torch_jax: {op} is CompositeImplicitAutograd; lower the ops it decomposes into")
+    if op in REGISTERED:
+        raise RuntimeError(f"torch_jax: two kernels for {op} ({REGISTERED[op]} and {how})")
+    _lib.impl(op, kernel, "PrivateUse1")
+    REGISTERED[op] = how
+
+
+def install():
+    """Import JAX, register all kernels; returns the CPU fallback kernel."""
+    global _lib
+    jax.config.update("jax_enable_x64", True)  # PyTorch's int64/float64 are real
+    from torch_jax import ops  # noqa: F401  (fills the lowering table)
+    from torch_jax.ops._registry import LOWERINGS
+    from torch_jax.runtime import _copy, _fallback, _redirects
+    from torch_jax.tensor import _kernels
+
+    _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    with warnings.catch_warnings():
+        # registering over the dispatcher's default PrivateUse1 kernels warns once per op
+        warnings.simplefilter("ignore", UserWarning)
+        for op, kernel in _kernels.kernels() + _copy.kernels() + _redirects.kernels():
+            _register(op, kernel, "kernel")
+        for op, lowering in LOWERINGS.items():
+            spec = _executor.OpSpec(op, lowering, inplace=False)
+            _executor.SPECS[op] = spec
+            if op not in REGISTERED:
+                _register(op, _functional_kernel(spec), "lowered")
+            inplace = _inplace_variant(op)
+            if inplace is not None and inplace not in LOWERINGS:
+                ispec = _executor.OpSpec(inplace, lowering, inplace=True)
+                _executor.SPECS[inplace] = ispec
+                if inplace not in REGISTERED:
+                    _register(inplace, _functional_kernel(ispec), "inplace")
+            out = _out_variant(op)
+            if out is not None and out not in LOWERINGS and out not in REGISTERED:
+                _register(out, _out_kernel(out, spec), "out")
+    # NOTE [Backward on jax:N]: the autograd engine sizes its device queues from the
+    # Python device guard, which reports one device; backward on jax:1 then trips an
+    # internal assert. Running backward on the calling thread avoids the device queues
+    # (and makes kernels run on the thread that called backward).
+    torch.autograd.set_multithreading_enabled(False)
+    return _fallback.cpu_fallback

@@ -1,0 +1,23 @@
+"""Counters of what the device did: ops run, computations compiled, cache hits, and
+which aten ops ran through the CPU fallback (and how often)."""
+
+from __future__ import annotations
+
+import collections
+
+counters: collections.Counter = collections.Counter()
+fallback_ops: collections.Counter = collections.Counter()
+
+
+def snapshot() -> dict:
+    """A copy of every counter: ``ops``, ``compiles``, ``cache_hits``, ``fallbacks``
+    (total calls through the CPU fallback) and ``fallback_ops`` (calls per aten op)."""
+    out = {k: counters.get(k, 0) for k in ("ops", "compiles", "cache_hits", "fallbacks", "host_transfers")}
+    out.update({k: v for k, v in counters.items() if k not in out})
+    out["fallback_ops"] = dict(fallback_ops)
+    return out
+
+
+def reset() -> None:
+    counters.clear()
+    fallback_ops.clear()

@@ -1,0 +1,191 @@
+"""Device tensors: a PrivateUse1 TensorImpl whose storage carries a box with a JAX array.
+
+NOTE [Views share the storage box]: the payload of a device tensor is a :class:`Box`
+attached to the Python object of its StorageImpl (``t.untyped_storage()._box``),
+never to the tensor. Views (select, slice, transpose, ...) are new TensorImpls on the
+same StorageImpl, so they reach the same box; an in-place write through any of them
+replaces ``box.arr`` and every other view sees it. Attributes on the tensor object
+would be lost through ``detach``, ``nn.Parameter`` and tensors saved by autograd;
+the storage object survives all of them (see ../shared/DESIGN.md).
+
+NOTE [DLPack tensor creation]: a TensorImpl is made by handing PyTorch a DLPack
+capsule with device type kDLExtDev, which PyTorch maps to PrivateUse1 with any device
+index. The capsule's data pointer is a fake address, unique per storage and never
+dereferenced, so that ``data_ptr()`` and the overlap checks that compare address
+ranges behave as on CPU, and ``untyped_storage().nbytes()`` is right. The capsule's
+memory is freed by libc ``free`` as its deleter (a Python callback as deleter crashes
+at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+import torch
+
+from torch_jax.tensor import _dtypes
+
+_libc = ctypes.CDLL(None)
+_malloc = _libc.malloc
+_malloc.restype = ctypes.c_void_p
+_malloc.argtypes = [ctypes.c_size_t]
+_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
+_memmove = ctypes.memmove
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_from_dlpack = torch._C._from_dlpack
+
+# DLManagedTensor: data, device(type, id), ndim, dtype(code, bits, lanes), shape*, strides*,
+# byte_offset, manager_ctx, deleter; followed here by the shape and strides arrays.
+_HEADER = struct.Struct("<QiiiBBHQQQQQ")
+_KDL_EXT_DEV = 12
+_DL_CODES = {
+    torch.float64: (2, 64),
+    torch.float32: (2, 32),
+    torch.float16: (2, 16),
+    torch.bfloat16: (4, 16),
+    torch.int64: (0, 64),
+    torch.int32: (0, 32),
+    torch.int16: (0, 16),
+    torch.int8: (0, 8),
+    torch.uint8: (1, 8),
+    torch.uint16: (1, 16),
+    torch.uint32: (1, 32),
+    torch.uint64: (1, 64),
+    torch.bool: (6, 8),
+    torch.complex64: (5, 64),
+    torch.complex128: (5, 128),
+}
+_ITEMSIZE = {dt: bits // 8 for dt, (_, bits) in _DL_CODES.items()}
+_DIMS = {}  # ndim -> struct for shape + strides
+
+_addr_lock = threading.Lock()
+_next_addr = 1 << 40
+_ALIGN = 64
+
+
+def _fake_address(nbytes: int) -> int:
+    """A fresh address range of nbytes, disjoint from every other storage's."""
+    global _next_addr
+    with _addr_lock:
+        addr = _next_addr
+        _next_addr = addr + ((nbytes + _ALIGN - 1) // _ALIGN + 1) * _ALIGN
+    return addr
+
+
+class Box:
+    """The payload of one storage: a JAX array holding its elements.
+
+    ``arr`` has ``numel`` elements of ``dtype`` (any shape; usually the shape of the
+    tensor that wrote it last, so that the common read needs no reshape), or is None
+    for a storage that was allocated and never written (it reads as zeros).
+    """
+
+    __slots__ = ("arr", "dtype", "numel", "index", "__weakref__")
+
+    def __init__(self, arr, dtype: torch.dtype, numel: int, index: int):
+        self.arr = arr
+        self.dtype = dtype
+        self.numel = numel
+        self.index = index
+
+    def __repr__(self) -> str:
+        state = "uninitialized" if self.arr is None else f"shape={tuple(self.arr.shape)}"
+        return f"Box({self.dtype}, numel={self.numel}, jax:{self.index}, {state})"
+
+
+def _dlpack_tensor(size, stride, dtype: torch.dtype, index: int, nbytes: int) -> torch.Tensor:
+    code = _DL_CODES.get(dtype)
+    if code is None:
+        if dtype.is_floating_point and dtype.itemsize == 1 and dtype in _dtypes.TO_NP:
+            # float8 types: make a uint8 tensor and reinterpret it (same itemsize)
+            t = _dlpack_tensor(size, stride, torch.uint8, index, nbytes)
+            return torch.ops.aten.view.dtype(t, dtype)
+        raise _dtypes.unsupported(dtype)
+    ndim = len(size)
+    dims = _DIMS.get(ndim)
+    if dims is None:
+        dims = _DIMS[ndim] = struct.Struct(f"<{2 * ndim}q")
+    total = _HEADER.size + dims.size
+    mem = _malloc(total)
+    if not mem:
+        raise MemoryError("torch_jax: malloc failed for a tensor header")
+    shape_ptr = mem + _HEADER.size
+    stride_ptr = shape_ptr + 8 * ndim
+    data = _fake_address(nbytes)
+    buf = _HEADER.pack(
+        data, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, shape_ptr, stride_ptr, 0, 0, _FREE
+    ) + dims.pack(*size, *stride)
+    _memmove(mem, buf, total)
+    return _from_dlpack(_capsule_new(mem, b"dltensor", None))
+
+
+def contiguous_strides(size) -> list[int]:
+    strides = [1] * len(size)
+    acc = 1
+    for i in range(len(size) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(size[i], 1)
+    return strides
+
+
+def dense_perm(size, stride):
+    """If (size, stride) is non-overlapping and dense, the dims in memory order
+    (outermost first; the identity for contiguous); else None."""
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], d))
+    expected = 1
+    for d in reversed(order):
+        if size[d] != 1:
+            if stride[d] != expected:
+                return None
+            expected *= size[d]
+    return order
+
+
+def storage_numel(size, stride, offset: int = 0) -> int:
+    """Elements a storage needs to hold a tensor of this size/stride/offset."""
+    if any(s == 0 for s in size):
+        return 0
+    return offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_as_strided = torch.ops.aten.as_strided.default
+
+
+def new_tensor(size, dtype: torch.dtype, index: int, arr=None, stride=None, numel=None, offset=0):
+    """A device tensor on jax:index over a new storage whose box holds ``arr``.
+
+    ``arr`` (a JAX array with ``numel`` elements) may be None: the storage is then
+    uninitialized and reads as zeros. ``stride`` defaults to contiguous; ``numel``
+    (elements of the storage) defaults to what size, stride and offset need.
+    """
+    size = list(size)
+    stride = contiguous_strides(size) if stride is None else list(stride)
+    needed = storage_numel(size, stride, offset)
+    if numel is None:
+        numel = needed
+    if numel == needed and offset == 0:
+        t = _dlpack_tensor(size, stride, dtype, index, numel * dtype.itemsize)
+    else:
+        base = _dlpack_tensor([numel], [1], dtype, index, numel * dtype.itemsize)
+        t = _as_strided.redispatch(_META, base, size, stride, offset)
+    t.untyped_storage()._box = Box(arr, dtype, numel, index)
+    return t
+
+
+def box_of(t: torch.Tensor) -> Box:
+    try:
+        return t.untyped_storage()._box
+    except AttributeError:
+        raise RuntimeError(
+            "torch_jax: this jax tensor has no storage payload (was it created by a path that "
+            "bypasses the jax allocator, e.g. torch.UntypedStorage(n, device='jax')?)"
+        ) from None
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return _ITEMSIZE.get(dtype) or dtype.itemsize
