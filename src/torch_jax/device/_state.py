@@ -22,9 +22,9 @@ DEFAULT_SEED = 67280421310721  # the default seed of PyTorch's CUDA generators
 _rng = {i: [DEFAULT_SEED, 0] for i in range(len(_devices))}
 _MASK64 = (1 << 64) - 1
 
-# arrays produced by recent ops, per device: synchronize() waits for them
-_in_flight: dict[int, list] = {i: [] for i in range(len(_devices))}
-_IN_FLIGHT_PRUNE = 256
+# the results of the last op run on each device: a device runs its computations in the
+# order they were dispatched, so waiting for the last one waits for all of them
+last: dict = {}
 
 
 def count() -> int:
@@ -109,16 +109,8 @@ def set_rng_state(state: torch.Tensor, index: int) -> None:
 # ---- work in flight ----
 
 
-def note_in_flight(index: int, arrays) -> None:
-    pending = _in_flight[index]
-    pending.extend(arrays)
-    if len(pending) > _IN_FLIGHT_PRUNE:
-        pending[:] = [a for a in pending if not a.is_ready()]
-
-
 def synchronize(index: int | None = None) -> None:
-    for i in range(len(_devices)) if index is None else [index]:
-        pending = _in_flight[i]
-        if pending:
-            jax.block_until_ready(pending)
-            pending.clear()
+    for i in list(last) if index is None else [index]:
+        results = last.pop(i, None)
+        if results is not None:
+            jax.block_until_ready(results)

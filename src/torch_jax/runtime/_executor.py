@@ -28,10 +28,12 @@ from torch_jax._config import config
 from torch_jax.ops import _context
 from torch_jax.device import _state as _devices
 from torch_jax.runtime import _stats
+
+_counters = _stats.counters
+_last = _devices.last
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 Tensor = torch.Tensor
-_new_tensor = _storage.new_tensor
 _TO_NP = _dtypes.TO_NP
 
 # argument kinds
@@ -61,7 +63,7 @@ class OpSpec:
 
     __slots__ = (
         "op", "lowering", "kinds", "names", "kwarg_only", "inplace", "writes", "returns",
-        "n_fresh", "returns_list", "random", "cache",
+        "n_fresh", "returns_list", "random", "cache", "multi_write", "defaults",
     )
 
     def __init__(self, op, lowering, inplace: bool):
@@ -78,6 +80,9 @@ class OpSpec:
                 kind = X
             kinds.append(kind)
         self.kinds = kinds
+        # NOTE [Default scalars are constants]: a Scalar argument equal to its schema
+        # default (add's alpha=1) is compiled in as a constant, not passed at run time.
+        self.defaults = [a.default_value if a.has_default_value() and kinds[i] == S else _NO_DEFAULT for i, a in enumerate(args)]
         self.inplace = inplace
         self.writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         if inplace and self.writes != [0]:
@@ -95,6 +100,10 @@ class OpSpec:
         self.returns_list = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
         self.random = lowering.random
         self.cache = {}
+        self.multi_write = len(self.writes) > 1 or any(kinds[i] == TL for i in self.writes)
+
+
+_NO_DEFAULT = object()
 
 
 def _freeze(v):
@@ -109,90 +118,91 @@ def _device_mismatch(a: str, b: str) -> RuntimeError:
     )
 
 
-class _Build:
-    """Accumulates the key and the dynamic inputs of one call."""
-
-    __slots__ = ("key", "dyn", "index")
-
-    def __init__(self):
-        self.key = []
-        self.dyn = []
-        self.index = -1
-
-    def tensor(self, t):
-        if t.__class__ is not Tensor and not isinstance(t, Tensor):
-            # a Python scalar where the schema says Tensor: PyTorch's wrapped number
-            self.dyn.append(t)
-            return ("s", type(t))
-        if t.is_cpu:
-            if t.dim() != 0:
-                self._mismatch("cpu")
-            self.dyn.append(np.asarray(_dtypes.tensor_to_numpy(t)))
-            return ("c", t.dtype)
-        try:
-            box = t.untyped_storage()._box
-        except AttributeError:
-            self._mismatch(str(t.device))
+def _describe(t, dyn: list, index: int):
+    """The key of one tensor argument (appending its array, if any, to ``dyn``) and the
+    device index it pins the op to."""
+    if t.__class__ is not Tensor and not isinstance(t, Tensor):
+        # a Python scalar where the schema says Tensor: PyTorch's wrapped number
+        dyn.append(t)
+        return ("s", type(t)), index
+    if t.is_cpu:
+        if t.dim() != 0:
+            raise _device_mismatch(f"jax:{max(index, 0)}", "cpu")
+        dyn.append(np.asarray(_dtypes.tensor_to_numpy(t)))
+        return ("c", t.dtype), index
+    try:
+        box = t.untyped_storage()._box
+    except AttributeError:
+        raise _device_mismatch(f"jax:{max(index, 0)}", str(t.device)) from None
+    if box.index != index:
+        if index >= 0:
+            raise _device_mismatch(f"jax:{index}", f"jax:{box.index}")
         index = box.index
-        if index != self.index:
-            if self.index >= 0:
-                raise _device_mismatch(f"jax:{self.index}", f"jax:{index}")
-            self.index = index
-        arr = box.arr
-        dtype = t.dtype
-        if arr is not None:
-            if dtype is box.dtype and t.is_contiguous() and arr.shape == t.shape:
-                self.dyn.append(arr)
-                return (arr.shape, dtype)
-            self.dyn.append(arr)
-            shape = arr.shape
-        elif dtype is box.dtype and t.is_contiguous() and t.numel() == box.numel:
-            return ("u", tuple(t.shape), dtype)  # a never-written storage: reads as zeros
-        else:
-            shape = None
-        return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), t.storage_offset(), dtype)
-
-    def _mismatch(self, other: str):
-        here = f"jax:{self.index}" if self.index >= 0 else "jax:0"
-        raise _device_mismatch(here, other)
+    arr = box.arr
+    dtype = t.dtype
+    if arr is not None:
+        shape = arr.shape
+        if dtype is box.dtype and shape == t.shape and t.is_contiguous():
+            dyn.append(arr)
+            return (shape, dtype), index
+        dyn.append(arr)
+    elif dtype is box.dtype and t.numel() == box.numel and t.is_contiguous():
+        return ("u", tuple(t.shape), dtype), index  # a never-written storage: reads as zeros
+    else:
+        shape = None
+    return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), t.storage_offset(), dtype), index
 
 
 def run(spec: OpSpec, args):
     """Run one op call; ``args`` are the schema's arguments in order."""
-    b = _Build()
-    key = b.key
-    for kind, a in zip(spec.kinds, args):
+    key = []
+    dyn = []
+    index = -1
+    for kind, a, default in zip(spec.kinds, args, spec.defaults):
         if kind == T or kind == OT:
-            key.append(None if a is None else b.tensor(a))
+            if a is None:
+                key.append(None)
+            else:
+                desc, index = _describe(a, dyn, index)
+                key.append(desc)
         elif kind == X:
-            key.append(_freeze(a))
+            key.append(a if a.__class__ is not list else _freeze(a))
         elif kind == S or kind == OS:
             if a is None:
                 key.append(None)
             else:
                 if isinstance(a, Tensor):  # a Scalar argument given as a 0-dim tensor
                     a = a.item()
-                key.append(type(a))
-                b.dyn.append(a)
+                if a is default or (a == default and a.__class__ is default.__class__):
+                    key.append(("d",))
+                else:
+                    key.append(a.__class__)
+                    dyn.append(a)
         else:  # TL, OTL
-            key.append(tuple(None if x is None else b.tensor(x) for x in a))
-    index = b.index
+            descs = []
+            for x in a:
+                if x is None:
+                    descs.append(None)
+                else:
+                    desc, index = _describe(x, dyn, index)
+                    descs.append(desc)
+            key.append(tuple(descs))
     if index < 0:
         index = _index_without_tensors(spec, args)
     key.append(index)
-    if len(spec.writes) > 1 or (spec.writes and spec.kinds[spec.writes[0]] == TL):
+    if spec.multi_write:
         key.append(_write_groups(spec, args))
     if spec.random:
-        b.dyn.append(_devices.next_key(index))
+        dyn.append(_devices.next_key(index))
     key = tuple(key)
     entry = spec.cache.get(key)
     if entry is None:
-        entry = _compile(spec, args, key, index, b.dyn)
+        entry = _compile(spec, args, key, index, dyn)
         spec.cache[key] = entry
     else:
-        _stats.counters["cache_hits"] += 1
-    _stats.counters["ops"] += 1
-    return entry.finish(args, entry.fn(*b.dyn))
+        _counters["cache_hits"] += 1
+    _counters["ops"] += 1
+    return entry.finish(args, entry.fn(*dyn))
 
 
 def _write_targets(spec: OpSpec, args):
@@ -284,28 +294,31 @@ def _layout(size, stride):
 class _Entry:
     """One compiled computation and how to turn its results into tensors."""
 
-    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups")
+    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single")
 
     def finish(self, args, results):
         if config.launch_blocking:
             jax.block_until_ready(results)
         if self.checks:
             _raise_failed_checks(self.checks, results[-len(self.checks):])
-        index = self.index
-        _devices.note_in_flight(index, results)
+        _last[self.index] = results
+        single = self.single
+        if single is not None:
+            return single.tensor(results[0])
         spec = self.spec
         if spec.inplace:
             self_t = args[0]
-            _storage.box_of(self_t).arr = results[0]
+            self_t.untyped_storage()._box.arr = results[0]
             return self_t
         fresh = []
         arrays = iter(results)
         for out in self.outs:
-            if out is None or out[0] == "value":
-                fresh.append(None if out is None else out[1])
+            if out is None:
+                fresh.append(None)
+            elif out.__class__ is tuple:  # ("value", v): a non-tensor return
+                fresh.append(out[1])
             else:
-                size, stride, dtype, numel = out
-                fresh.append(_new_tensor(size, dtype, index, next(arrays), stride, numel))
+                fresh.append(out.tensor(next(arrays)))
         if spec.writes:
             self._write_back(args, arrays)
         if spec.returns_list:
@@ -334,7 +347,7 @@ def _raise_failed_checks(checks, flags):
 
 
 def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
-    _stats.counters["compiles"] += 1
+    _counters["compiles"] += 1
     if config.debug >= 1:
         print(f"[torch_jax] compiling {spec.op}")
     targets = list(_write_targets(spec, args))
@@ -364,7 +377,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             if kind == X:
                 vals.append(k)
             elif kind == S or kind == OS:
-                vals.append(None if k is None else next(it))
+                vals.append(None if k is None else spec.defaults[pos] if k == ("d",) else next(it))
             elif kind == T or kind == OT:
                 positions[pos] = it.i
                 vals.append(_read(k, it))
@@ -396,10 +409,9 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             for m in metas
         ]
     layouts = [None if f is None or f[0] == "value" else _layout(f[0], f[1]) for f in fresh]
-    entry.outs = [
-        f if lay is None else (list(f[0]), lay[1], f[2], _storage.storage_numel(f[0], lay[1]))
-        for f, lay in zip(fresh, layouts)
-    ]
+    entry.outs = [f if lay is None else _storage.template(f[0], lay[1], f[2], index) for f, lay in zip(fresh, layouts)]
+    plain = not spec.inplace and not spec.writes and not spec.returns_list and spec.returns == [None]
+    entry.single = entry.outs[0] if plain and len(entry.outs) == 1 and layouts[0] is not None else None
     out_dtypes = [None if lay is None else _TO_NP[f[2]] for f, lay in zip(fresh, layouts)]
     write_slots = _slots(spec, arg_keys)  # (arg position key, tensor key, target tensor)
 

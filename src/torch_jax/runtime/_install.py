@@ -158,14 +158,14 @@ def install():
     jax.config.update("jax_enable_x64", True)  # PyTorch's int64/float64 are real
     from torch_jax import ops  # noqa: F401  (fills the lowering table)
     from torch_jax.ops._registry import LOWERINGS
-    from torch_jax.runtime import _copy, _fallback, _redirects
+    from torch_jax.runtime import _copy, _dynamic, _fallback, _redirects
     from torch_jax.tensor import _kernels
 
     _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
     with warnings.catch_warnings():
         # registering over the dispatcher's default PrivateUse1 kernels warns once per op
         warnings.simplefilter("ignore", UserWarning)
-        for op, kernel in _kernels.kernels() + _copy.kernels() + _redirects.kernels():
+        for op, kernel in _kernels.kernels() + _copy.kernels() + _redirects.kernels() + _dynamic.kernels():
             _register(op, kernel, "kernel")
         for op, lowering in LOWERINGS.items():
             spec = _executor.OpSpec(op, lowering, inplace=False)

@@ -97,30 +97,59 @@ class Box:
         return f"Box({self.dtype}, numel={self.numel}, jax:{self.index}, {state})"
 
 
-def _dlpack_tensor(size, stride, dtype: torch.dtype, index: int, nbytes: int) -> torch.Tensor:
-    code = _DL_CODES.get(dtype)
-    if code is None:
-        if dtype.is_floating_point and dtype.itemsize == 1 and dtype in _dtypes.TO_NP:
-            # float8 types: make a uint8 tensor and reinterpret it (same itemsize)
-            t = _dlpack_tensor(size, stride, torch.uint8, index, nbytes)
-            return torch.ops.aten.view.dtype(t, dtype)
-        raise _dtypes.unsupported(dtype)
-    ndim = len(size)
-    dims = _DIMS.get(ndim)
-    if dims is None:
-        dims = _DIMS[ndim] = struct.Struct(f"<{2 * ndim}q")
-    total = _HEADER.size + dims.size
-    mem = _malloc(total)
-    if not mem:
-        raise MemoryError("torch_jax: malloc failed for a tensor header")
-    shape_ptr = mem + _HEADER.size
-    stride_ptr = shape_ptr + 8 * ndim
-    data = _fake_address(nbytes)
-    buf = _HEADER.pack(
-        data, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, shape_ptr, stride_ptr, 0, 0, _FREE
-    ) + dims.pack(*size, *stride)
-    _memmove(mem, buf, total)
-    return _from_dlpack(_capsule_new(mem, b"dltensor", None))
+class Template:
+    """Everything about a new tensor that does not change from call to call: its
+    DLPack header (all but the data pointer) and its shape and strides arrays, which
+    PyTorch copies when it imports the capsule (so they can live here, not in the
+    capsule's memory)."""
+
+    __slots__ = ("tail", "dims", "size", "stride", "dtype", "index", "numel", "nbytes", "view_dtype")
+
+    def __init__(self, size, stride, dtype: torch.dtype, index: int, numel: int):
+        self.size = list(size)
+        self.stride = list(stride)
+        self.dtype = dtype
+        self.index = index
+        self.numel = numel
+        self.nbytes = numel * dtype.itemsize
+        self.view_dtype = None
+        code = _DL_CODES.get(dtype)
+        if code is None:
+            if dtype.is_floating_point and dtype.itemsize == 1 and dtype in _dtypes.TO_NP:
+                # float8 types: a uint8 capsule, reinterpreted (same itemsize)
+                code = _DL_CODES[torch.uint8]
+                self.view_dtype = dtype
+            else:
+                raise _dtypes.unsupported(dtype)
+        ndim = len(size)
+        self.dims = ctypes.create_string_buffer(struct.pack(f"<{2 * ndim}q", *size, *stride), 16 * ndim or 1)
+        base = ctypes.addressof(self.dims)
+        self.tail = _HEADER.pack(0, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, base, base + 8 * ndim, 0, 0, _FREE)[8:]
+
+    def tensor(self, arr=None) -> torch.Tensor:
+        """A new tensor over a new storage whose box holds ``arr``."""
+        mem = _malloc(_HEADER.size)
+        if not mem:
+            raise MemoryError("torch_jax: malloc failed for a tensor header")
+        _memmove(mem, _fake_address(self.nbytes).to_bytes(8, "little") + self.tail, _HEADER.size)
+        t = _from_dlpack(_capsule_new(mem, b"dltensor", None))
+        if self.view_dtype is not None:
+            t = torch.ops.aten.view.dtype(t, self.view_dtype)
+        t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index)
+        return t
+
+
+_templates: dict = {}
+
+
+def template(size, stride, dtype: torch.dtype, index: int) -> Template:
+    key = (tuple(size), tuple(stride), dtype, index)
+    tpl = _templates.get(key)
+    if tpl is None:
+        if len(_templates) > 4096:
+            _templates.clear()
+        tpl = _templates[key] = Template(size, stride, dtype, index, storage_numel(size, stride))
+    return tpl
 
 
 def contiguous_strides(size) -> list[int]:
@@ -163,18 +192,12 @@ def new_tensor(size, dtype: torch.dtype, index: int, arr=None, stride=None, nume
     uninitialized and reads as zeros. ``stride`` defaults to contiguous; ``numel``
     (elements of the storage) defaults to what size, stride and offset need.
     """
-    size = list(size)
-    stride = contiguous_strides(size) if stride is None else list(stride)
+    stride = contiguous_strides(size) if stride is None else stride
     needed = storage_numel(size, stride, offset)
-    if numel is None:
-        numel = needed
-    if numel == needed and offset == 0:
-        t = _dlpack_tensor(size, stride, dtype, index, numel * dtype.itemsize)
-    else:
-        base = _dlpack_tensor([numel], [1], dtype, index, numel * dtype.itemsize)
-        t = _as_strided.redispatch(_META, base, size, stride, offset)
-    t.untyped_storage()._box = Box(arr, dtype, numel, index)
-    return t
+    if (numel is None or numel == needed) and offset == 0:
+        return template(size, stride, dtype, index).tensor(arr)
+    base = template([numel], [1], dtype, index).tensor(arr)
+    return _as_strided.redispatch(_META, base, list(size), list(stride), offset)
 
 
 def box_of(t: torch.Tensor) -> Box:
