@@ -26,6 +26,7 @@ from jax.sharding import SingleDeviceSharding
 
 from torch_jax._config import config
 from torch_jax.ops import _context
+from torch_jax.ops._promote import cast
 from torch_jax.device import _state as _devices
 from torch_jax.runtime import _stats
 
@@ -509,9 +510,7 @@ def _read(k, it):
 
 
 def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):
-    r = jnp.asarray(r)
-    if r.dtype != dtype:
-        r = r.astype(dtype)
+    r = cast(jnp.asarray(r), dtype)
     if tuple(r.shape) != tuple(shape):
         try:
             return jnp.broadcast_to(r, shape)

@@ -19,6 +19,9 @@ from torch_jax.tensor import _dtypes, _storage
 
 aten = torch.ops.aten
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+# set_ on a device storage: the CPU kernel only updates metadata when the storage is
+# large enough (we check that first); the Meta kernel would try to resize it.
+_SET_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _meta_view(op):
@@ -99,7 +102,7 @@ def set_source_storage_offset(self, source, storage_offset=0, size=(), stride=()
             f"and itemsize {self.element_size()} requiring a storage size of {needed} are out of "
             f"bounds for storage of size {storage.nbytes()}"
         )
-    return aten.set_.source_Storage_storage_offset.redispatch(META, self, storage, storage_offset, size, stride)
+    return aten.set_.source_Storage_storage_offset.redispatch(_SET_KEYS, self, storage, storage_offset, size, stride)
 
 
 def set_source_storage(self, source):
@@ -130,7 +133,7 @@ def resize_(self, size, memory_format=None):
     storage = self.untyped_storage()
     box = _storage.box_of(self)
     if needed * self.element_size() <= storage.nbytes():
-        aten.set_.source_Storage_storage_offset.redispatch(META, self, storage, offset, size, stride)
+        aten.set_.source_Storage_storage_offset.redispatch(_SET_KEYS, self, storage, offset, size, stride)
         return self
     # NOTE [Growing a storage]: device storages have a fixed size (they are DLPack
     # imports), so growing moves the tensor onto a new, larger storage holding the old
@@ -146,7 +149,7 @@ def resize_(self, size, memory_format=None):
         tail = jnp.zeros((needed - box.numel,), old.dtype)
         arr = jnp.concatenate([old.reshape(-1), tail])
     fresh = _storage.new_tensor([needed], box.dtype, box.index, arr)
-    aten.set_.source_Storage_storage_offset.redispatch(META, self, fresh.untyped_storage(), offset, size, stride)
+    aten.set_.source_Storage_storage_offset.redispatch(_SET_KEYS, self, fresh.untyped_storage(), offset, size, stride)
     return self
 
 

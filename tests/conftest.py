@@ -1,0 +1,56 @@
+"""Test setup: two JAX CPU devices (jax:0 and jax:1), the CPU fallback as an error
+unless a test allows it, and helpers that compare a jax result with the CPU oracle."""
+
+from __future__ import annotations
+
+import os
+
+# before JAX is imported (torch_jax imports it on first use of the device)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_jax  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fallback_is_an_error():
+    """Tests run with the CPU fallback forbidden; a test that allows it says so."""
+    before = torch_jax.config.fallback
+    torch_jax.config.fallback = "error"
+    yield
+    torch_jax.config.fallback = before
+
+
+@pytest.fixture
+def allow_fallback():
+    torch_jax.config.fallback = "silent"
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(y) for y in x)
+    return x
+
+
+def assert_same(got, expected, *, atol=None, rtol=None, check_stride=True):
+    """``got`` (on jax) equals ``expected`` (on CPU): values, dtype, shape, strides."""
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_same(g, e, atol=atol, rtol=rtol, check_stride=check_stride)
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert got == expected
+        return
+    assert got.device.type == "jax", f"result is on {got.device}, expected a jax tensor"
+    assert got.dtype == expected.dtype, f"dtype {got.dtype} != {expected.dtype}"
+    assert got.shape == expected.shape, f"shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    if check_stride and expected.numel() > 1:
+        assert got.stride() == expected.stride(), f"stride {got.stride()} != {expected.stride()}"
+    torch.testing.assert_close(got.cpu(), expected, atol=atol, rtol=rtol, equal_nan=True)

@@ -1,0 +1,212 @@
+"""Host <-> device transfers, factories on the device, every supported dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_same
+
+import torch_jax
+
+DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
+
+
+def sample(dtype, shape=(3, 5)):
+    g = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.complex(torch.randn(shape, generator=g), torch.randn(shape, generator=g)).to(dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 10).to(dtype)
+    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_roundtrip_every_dtype(dtype):
+    c = sample(dtype)
+    j = c.to("jax")
+    assert j.device == torch.device("jax:0") and j.dtype == dtype
+    assert torch.equal(j.cpu(), c)
+    assert j.tolist() == c.tolist()
+    assert j[1, 2].item() == c[1, 2].item()
+    assert j.untyped_storage().nbytes() == c.untyped_storage().nbytes()
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ops_in_every_dtype(dtype):
+    c = sample(dtype)
+    j = c.to("jax")
+    assert_same(j.t().contiguous(), c.t().contiguous())
+    assert_same(j[::2] == j[::2], c[::2] == c[::2])
+    if dtype != torch.bool:
+        assert_same(j + j, c + c)
+        assert_same(j * 2, c * 2)
+    assert_same(torch.cat([j, j], 1), torch.cat([c, c], 1))
+    assert_same(j.to(torch.float64), c.to(torch.float64))
+    assert_same(j.to(torch.int32), c.to(torch.int32))
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(TypeError, match="complex32 is not supported on the jax device"):
+        torch.empty(3, dtype=torch.complex32, device="jax")
+    with pytest.raises(TypeError, match="not supported on the jax device"):
+        torch.zeros(3, dtype=torch.complex32).to("jax")
+
+
+def test_to_with_dtype_and_copy_between_dtypes():
+    c = torch.randn(4, 3)
+    assert_same(c.to("jax", torch.float16), c.to(torch.float16))
+    assert_same(c.to("jax", torch.int64), c.to(torch.int64))
+    j = torch.zeros(4, 3, dtype=torch.float64, device="jax")
+    j.copy_(c)  # host -> device with a cast
+    assert_same(j, c.double())
+    out = torch.zeros(4, 3, dtype=torch.bfloat16)
+    out.copy_(j)  # device -> host with a cast
+    assert torch.equal(out, c.double().bfloat16())
+
+
+def test_transfer_of_noncontiguous_keeps_layout_like_cuda():
+    c = torch.randn(4, 6).t()
+    j = c.to("jax")
+    assert j.stride() == c.stride()
+    assert_same(j, c)
+    back = j.cpu()
+    assert back.stride() == c.stride() and torch.equal(back, c)
+    sliced = torch.randn(8, 8)[::2, 1::3]
+    assert_same(sliced.to("jax"), sliced.contiguous(), check_stride=False)
+
+
+def test_host_to_device_copies_once_and_does_not_alias():
+    c = torch.randn(1000)
+    c0 = c.clone()
+    torch_jax.reset_stats()
+    j = c.to("jax")
+    assert torch_jax.stats()["host_transfers"] == 1
+    c.add_(1)  # the device copy is independent of the host tensor
+    assert torch.equal(j.cpu(), c0)
+    torch_jax.reset_stats()
+    back = j.cpu()
+    assert torch_jax.stats()["host_transfers"] == 1
+    back.mul_(0)  # the host copy is independent of the device tensor
+    assert torch.equal(j.cpu(), c0)
+
+
+def test_non_blocking_transfers():
+    c = torch.randn(16, 16)
+    j = c.to("jax", non_blocking=True)
+    k = torch.empty(16, 16, device="jax")
+    k.copy_(c, non_blocking=True)
+    torch.jax.synchronize()
+    assert torch.equal(j.cpu(), c) and torch.equal(k.cpu(), c)
+    back = j.to("cpu", non_blocking=True)
+    torch.jax.synchronize()
+    assert torch.equal(back, c)
+
+
+def test_numpy_raises_the_cuda_error():
+    j = torch.ones(3, device="jax")
+    with pytest.raises(TypeError, match=r"can't convert jax:0 device type tensor to numpy\. Use Tensor\.cpu\(\)"):
+        j.numpy()
+    assert np.array_equal(j.cpu().numpy(), np.ones(3, np.float32))
+
+
+def test_copy_across_devices():
+    a = torch.arange(6.0, device="jax:0")
+    b = torch.zeros(6, device="jax:1")
+    b.copy_(a)
+    assert b.device == torch.device("jax:1")
+    assert torch.equal(b.cpu(), torch.arange(6.0))
+    c = a.to("jax:1")
+    assert c.device == torch.device("jax:1") and torch.equal(c.cpu(), a.cpu())
+    assert torch.equal(c.to("jax:0").cpu(), a.cpu())
+
+
+def test_tensor_constructor_on_device():
+    j = torch.tensor([[1.5, 2.0], [3.0, 4.0]], device="jax")
+    assert j.device.type == "jax" and j.dtype == torch.float32
+    assert j.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+    assert torch.tensor(7, device="jax").item() == 7
+    assert torch.tensor([True, False], device="jax").tolist() == [True, False]
+
+
+FACTORIES = {
+    "empty_shape": lambda d: torch.empty(3, 4, device=d).shape,
+    "zeros": lambda d: torch.zeros(3, 4, device=d),
+    "ones_int": lambda d: torch.ones(2, 3, dtype=torch.int32, device=d),
+    "full": lambda d: torch.full((2, 2), 3.5, device=d),
+    "full_bool": lambda d: torch.full((2,), True, device=d),
+    "arange": lambda d: torch.arange(10, device=d),
+    "arange_float_step": lambda d: torch.arange(0.5, 3.0, 0.25, device=d),
+    "arange_negative_step": lambda d: torch.arange(5, -5, -3, device=d),
+    "linspace": lambda d: torch.linspace(-1, 1, 7, device=d),
+    "linspace_int": lambda d: torch.linspace(0, 10, 4, dtype=torch.int64, device=d),
+    "eye": lambda d: torch.eye(3, device=d),
+    "eye_rect": lambda d: torch.eye(2, 4, dtype=torch.int64, device=d),
+    "zeros_like": lambda d: torch.zeros_like(torch.ones(2, 3).to(d)),
+    "ones_like_dtype": lambda d: torch.ones_like(torch.ones(2, 3).to(d), dtype=torch.float64),
+    "full_like": lambda d: torch.full_like(torch.ones(2, 3).to(d), 7),
+    "empty_like_shape": lambda d: torch.empty_like(torch.ones(2, 3).to(d)).shape,
+    "new_zeros": lambda d: torch.ones(2).to(d).new_zeros(3, 2),
+    "new_full": lambda d: torch.ones(2).to(d).new_full((2,), 4.0),
+    "scalar_tensor": lambda d: torch.scalar_tensor(3.0, device=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_factory(name):
+    expected, got = FACTORIES[name]("cpu"), FACTORIES[name]("jax")
+    if isinstance(expected, torch.Size):
+        assert got == expected
+    else:
+        assert_same(got, expected)
+
+
+RANDOM = {
+    "rand": lambda: torch.rand(4000, device="jax"),
+    "randn": lambda: torch.randn(4000, device="jax"),
+    "randint": lambda: torch.randint(3, 10, (4000,), device="jax"),
+    "randperm": lambda: torch.randperm(50, device="jax"),
+    "rand_like": lambda: torch.rand_like(torch.zeros(4000, device="jax")),
+    "randn_like": lambda: torch.randn_like(torch.zeros(4000, device="jax", dtype=torch.float64)),
+    "randint_like": lambda: torch.randint_like(torch.zeros(4000, device="jax"), 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM))
+def test_random_factories(name):
+    torch.manual_seed(123)
+    a = RANDOM[name]()
+    b = RANDOM[name]()
+    torch.manual_seed(123)
+    a2 = RANDOM[name]()
+    assert a.device.type == "jax"
+    assert torch.equal(a.cpu(), a2.cpu()), "the same seed gives the same numbers"
+    assert not torch.equal(a.cpu(), b.cpu()), "consecutive calls differ"
+    v = a.cpu().double()
+    if name in ("rand", "rand_like"):
+        assert 0 <= v.min() and v.max() < 1 and abs(v.mean() - 0.5) < 0.03
+    if name in ("randn", "randn_like"):
+        assert abs(v.mean()) < 0.06 and abs(v.std() - 1) < 0.05
+    if name == "randint":
+        assert set(v.long().tolist()) == set(range(3, 10))
+    if name == "randint_like":
+        assert set(v.long().tolist()) == set(range(5))
+    if name == "randperm":
+        assert sorted(v.long().tolist()) == list(range(50))
