@@ -73,7 +73,28 @@ def register() -> None:
         # under autocast fails. Per-op autocast kernels can still be registered on top.
         fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         _libs.append(fallback)
+        _patch_untyped_storage()
         _registered = True
+
+
+def _patch_untyped_storage() -> None:
+    """NOTE [Storages without an allocator]: ``torch.UntypedStorage(n, device="jax")``
+    (used by ``torch.load`` and ``TypedStorage``) asks PyTorch's C++ allocator for the
+    device, which a Python backend cannot register: it would crash the process. For
+    the jax device the storage is made the way every device storage is made."""
+    storage_new = torch.UntypedStorage.__new__
+
+    def __new__(cls, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == NAME:
+            initialize()
+            from torch_jax.runtime import _copy
+
+            return _copy.new_storage(args, torch.device(device), **kwargs)
+        if device is None:
+            return storage_new(cls, *args, **kwargs)
+        return storage_new(cls, *args, device=device, **kwargs)
+
+    torch.UntypedStorage.__new__ = __new__
 
 
 def initialize() -> None:

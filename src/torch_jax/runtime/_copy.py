@@ -183,6 +183,23 @@ def local_scalar_dense(self):
     return int(value)
 
 
+def new_storage(args, device: torch.device, **kwargs):
+    """``torch.UntypedStorage(n | bytes, device=jax)``: a storage of n zero bytes, or of
+    the given byte values (NOTE [Storages without an allocator])."""
+    if kwargs or len(args) > 1:
+        raise TypeError(f"torch_jax: UntypedStorage(..., device='{device}') takes a size or a sequence of bytes")
+    index = _devices.index_of(device)
+    if not args:
+        data = []
+    elif isinstance(args[0], int):
+        return _storage.new_tensor([args[0]], torch.uint8, index).untyped_storage()
+    else:
+        data = list(args[0])
+    t = _storage.new_tensor([len(data)], torch.uint8, index)
+    copy_(t, torch.tensor(data, dtype=torch.uint8))
+    return t.untyped_storage()
+
+
 def copy_from(src, dst, non_blocking=False):
     return copy_(dst, src, non_blocking)
 

@@ -197,13 +197,36 @@ def run(spec: OpSpec, args):
         dyn.append(_devices.next_key(index))
     key = tuple(key)
     entry = spec.cache.get(key)
+    _counters["ops"] += 1
     if entry is None:
         entry = _compile(spec, args, key, index, dyn)
+        try:
+            results = entry.fn(*dyn)  # traces the lowering
+        except Exception as e:  # noqa: BLE001
+            error = _cpu_error(spec, args) or _freed(spec, e)
+            if error is not None:
+                raise error from None
+            raise RuntimeError(
+                f"torch_jax: the JAX lowering of {spec.op} failed for these arguments ({type(e).__name__}: "
+                f"{e}); PyTorch's CPU kernel accepts them, so this is a torch_jax bug: please report it"
+            ) from e
         spec.cache[key] = entry
-    else:
-        _counters["cache_hits"] += 1
-    _counters["ops"] += 1
-    return entry.finish(args, entry.fn(*dyn))
+        return entry.finish(args, results)
+    _counters["cache_hits"] += 1
+    try:
+        results = entry.fn(*dyn)
+    except RuntimeError as e:
+        raise _freed(spec, e) or e from None
+    return entry.finish(args, results)
+
+
+def _freed(spec: OpSpec, e: Exception):
+    if "has been deleted" in str(e):
+        return RuntimeError(
+            f"torch_jax: {spec.op} read a tensor whose device buffer was freed (deleted or donated to "
+            "another computation); the tensor's storage is no longer usable"
+        )
+    return None
 
 
 def _write_targets(spec: OpSpec, args):
@@ -275,6 +298,46 @@ def _meta_outputs(spec: OpSpec, args):
     if spec.returns_list:
         return outs
     return [o for o, alias in zip(outs, spec.returns) if alias is None]
+
+
+_CPU_REPLAY_LIMIT = 1 << 28  # bytes of stand-in tensors we are willing to allocate
+
+
+def _cpu_error(spec: OpSpec, args):
+    """The exception the CPU kernel raises for these arguments, if any.
+
+    NOTE [Errors from the CPU oracle]: many Meta kernels are Python reimplementations
+    whose messages differ from the CPU kernels' (``a and b must have same reduction
+    dim`` for ``mat1 and mat2 shapes cannot be multiplied``). When the Meta kernel
+    rejects a call, the op is replayed on CPU tensors of the same sizes, strides and
+    dtypes (zeros) so that the user sees the error PyTorch gives on CPU and CUDA."""
+    total = 0
+
+    def stand_in(x):
+        nonlocal total
+        if isinstance(x, Tensor) and not x.is_cpu:
+            n = _storage.storage_numel(x.shape, x.stride(), x.storage_offset())
+            total += n * x.element_size()
+            if total > _CPU_REPLAY_LIMIT:
+                raise OverflowError
+            return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(stand_in(y) for y in x)
+        if isinstance(x, torch.device) and x.type != "cpu":
+            return torch.device("cpu")
+        return x
+
+    try:
+        cargs, ckwargs = [], {}
+        for name, kw, a in zip(spec.names, spec.kwarg_only, args):
+            (ckwargs.__setitem__(name, stand_in(a)) if kw else cargs.append(stand_in(a)))
+    except OverflowError:
+        return None
+    try:
+        spec.op(*cargs, **ckwargs)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
 
 
 def _layout(size, stride):
@@ -397,7 +460,10 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         return results, ctx
 
     # fresh outputs: metadata from the Meta kernel, or from JAX where there is none
-    metas = _meta_outputs(spec, args)
+    try:
+        metas = _meta_outputs(spec, args)
+    except Exception as e:  # noqa: BLE001 (re-raised as the CPU's own error)
+        raise _cpu_error(spec, args) or e from None
     if spec.inplace:
         fresh = []
     elif metas is None:

@@ -34,8 +34,20 @@ def _meta_view(op):
     return kernel
 
 
+def as_strided(self, size, stride, storage_offset=None):
+    # the Meta kernel does not check the view against the storage (it has no data)
+    offset = self.storage_offset() if storage_offset is None else storage_offset
+    needed = _storage.storage_numel(size, stride, offset) * self.element_size()
+    nbytes = self.untyped_storage().nbytes()
+    if needed > nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{self.element_size()} requiring a storage size of {needed} are out of bounds for storage of size {nbytes}"
+        )
+    return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
+
+
 VIEW_OPS = [
-    aten.as_strided.default,
     aten.view.default,
     aten.view.dtype,
     aten._reshape_alias.default,
@@ -157,6 +169,7 @@ def kernels():
     """(op, kernel) pairs of this module."""
     pairs = [(op, _meta_view(op)) for op in VIEW_OPS]
     pairs += [
+        (aten.as_strided.default, as_strided),
         (aten.empty.memory_format, empty_memory_format),
         (aten.empty_strided.default, empty_strided),
         (aten.set_.source_Storage_storage_offset, set_source_storage_offset),

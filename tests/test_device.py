@@ -1,0 +1,138 @@
+"""The device: registration and autoload, the torch.jax module, several devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+import torch
+
+from torch_jax.tensor import _storage
+
+
+def _run(code: str, **env) -> str:
+    full_env = dict(os.environ, **env)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_autoload_registers_the_device_without_importing_jax():
+    out = _run(
+        """
+        import sys, torch
+        print("jax" in sys.modules, "torch_jax" in sys.modules, torch._C._get_privateuse1_backend_name())
+        x = torch.arange(3.0, device="jax")
+        print(x.device, (x * 2).tolist(), "jax" in sys.modules)
+        """
+    )
+    assert out.splitlines() == ["False True jax", "jax:0 [0.0, 2.0, 4.0] True"]
+
+
+def test_autoload_can_be_switched_off():
+    out = _run(
+        """
+        import torch
+        print(torch._C._get_privateuse1_backend_name())
+        import torch_jax
+        print(torch._C._get_privateuse1_backend_name(), torch.ones(2, device="jax").sum().item())
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.splitlines() == ["privateuseone", "jax 2.0"]
+
+
+def test_device_module_api():
+    mod = torch.jax
+    assert torch.get_device_module("jax") is mod
+    assert mod.is_available() and mod.is_initialized()
+    assert mod.device_count() == len(jax.devices()) == 2
+    assert torch.accelerator.current_accelerator() == torch.device("jax")
+    assert torch.accelerator.device_count() == 2
+    assert mod.current_device() == 0
+    assert mod.get_device_name(0).startswith("cpu")
+    props = mod.get_device_properties(1)
+    assert props.index == 1 and props.platform == "cpu"
+    assert mod.is_bf16_supported()
+    assert mod.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    assert isinstance(mod.memory_allocated(), int) and isinstance(mod.memory_stats(), dict)
+    assert isinstance(mod.max_memory_allocated(0), int)
+    mod.synchronize()
+    mod.synchronize(1)
+    mod.empty_cache()
+
+
+def test_set_device_and_device_context():
+    with torch.jax.device(1):
+        assert torch.jax.current_device() == 1
+        t = torch.empty(2, device="jax")
+        assert t.device == torch.device("jax:1")
+    assert torch.jax.current_device() == 0
+    torch.jax.set_device(1)
+    try:
+        assert torch.zeros(2, device="jax").device == torch.device("jax:1")
+    finally:
+        torch.jax.set_device(0)
+    with pytest.raises(RuntimeError, match="device jax:5 does not exist"):
+        torch.empty(2, device="jax:5")
+
+
+def test_jax_n_lives_on_jax_device_n():
+    t = torch.arange(4.0, device="jax:1")
+    assert t.device == torch.device("jax:1")
+    assert _storage.box_of(t).arr.devices() == {jax.devices()[1]}
+    u = (t * 2 + 1).exp()
+    assert u.device == torch.device("jax:1")
+    assert _storage.box_of(u).arr.devices() == {jax.devices()[1]}
+    c = torch.arange(4.0).to("jax:1")
+    assert _storage.box_of(c).arr.devices() == {jax.devices()[1]}
+
+
+def test_backward_on_second_device():
+    x = torch.arange(3.0, device="jax:1", requires_grad=True)
+    (x * x).sum().backward()
+    assert x.grad.device == torch.device("jax:1")
+    assert x.grad.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_mixing_devices_raises_the_cuda_error():
+    a = torch.ones(3, device="jax:0")
+    b = torch.ones(3, device="jax:1")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two devices, jax:0 and jax:1!"):
+        a + b
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.mm(torch.ones(2, 2, device="jax"), torch.ones(2, 2))
+    # CPU scalars (0-dim tensors) mix with device tensors, as on CUDA
+    assert (a + torch.tensor(2.0)).tolist() == [3.0, 3.0, 3.0]
+
+
+def test_manual_seed_rng_state_and_fork_rng():
+    torch.manual_seed(7)
+    a = torch.randn(5, device="jax")
+    state = torch.jax.get_rng_state()
+    b = torch.randn(5, device="jax")
+    torch.jax.set_rng_state(state)
+    b2 = torch.randn(5, device="jax")
+    assert torch.equal(b.cpu(), b2.cpu())
+    torch.manual_seed(7)
+    assert torch.equal(torch.randn(5, device="jax").cpu(), a.cpu())
+    assert torch.jax.initial_seed() == 7
+    with torch.random.fork_rng(devices=range(torch.jax.device_count()), device_type="jax"):
+        torch.randn(5, device="jax")
+    assert torch.equal(torch.randn(5, device="jax").cpu(), b.cpu())
+    assert len(torch.jax.get_rng_state_all()) == 2
+    torch.jax.seed()
+    assert torch.jax.initial_seed() != 7
+
+
+def test_storage_of_the_device():
+    s = torch.UntypedStorage(8, device="jax")
+    assert s.device == torch.device("jax:0") and s.nbytes() == 8
+    t = torch.empty(0, dtype=torch.uint8, device="jax").set_(torch.UntypedStorage([1, 2, 3], device="jax"))
+    assert t.tolist() == [1, 2, 3]

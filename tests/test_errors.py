@@ -1,0 +1,120 @@
+"""Bad input gets PyTorch's error (the same type and message as on CPU), never a crash,
+a hang or a silently wrong value."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def _error(fn, device):
+    try:
+        fn(device)
+    except Exception as e:  # noqa: BLE001
+        if device == "jax":  # device-specific names in messages
+            return type(e), str(e).replace("jax:0", "DEV")
+        return type(e), str(e).replace("cpu", "DEV")
+    return None, None
+
+
+SAME_AS_CPU = {
+    "select_out_of_range": lambda d: torch.zeros(4, device=d)[10],
+    "index_tensor_out_of_range": lambda d: torch.zeros(4, device=d)[torch.tensor([1, 10]).to(d)],
+    "index_tensor_negative_out_of_range": lambda d: torch.zeros(4, device=d)[torch.tensor([-5]).to(d)],
+    "setitem_out_of_range": lambda d: torch.zeros(4, device=d).__setitem__(torch.tensor([7]).to(d), 1.0),
+    "embedding_out_of_range": lambda d: F.embedding(torch.tensor([0, 9]).to(d), torch.zeros(5, 3, device=d)),
+    "index_select_out_of_range": lambda d: torch.zeros(4, 2, device=d).index_select(0, torch.tensor([4]).to(d)),
+    "nll_loss_target_out_of_range": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), torch.tensor([0, 3]).to(d)),
+    "broadcast_mismatch": lambda d: torch.zeros(3, device=d) + torch.zeros(4, device=d),
+    "inplace_broadcast_mismatch": lambda d: torch.zeros(3, device=d).add_(torch.zeros(2, 3, device=d)),
+    "mm_shapes": lambda d: torch.zeros(2, 3, device=d) @ torch.zeros(4, 5, device=d),
+    "bmm_batch": lambda d: torch.bmm(torch.zeros(2, 3, 4, device=d), torch.zeros(3, 4, 5, device=d)),
+    "view_incompatible": lambda d: torch.zeros(4, 6, device=d).t().view(24),
+    "view_wrong_numel": lambda d: torch.zeros(4, 6, device=d).view(5, 5),
+    "cat_shapes": lambda d: torch.cat([torch.zeros(2, 3, device=d), torch.zeros(2, 4, device=d)]),
+    "int_inplace_float_result": lambda d: torch.zeros(3, dtype=torch.int64, device=d).add_(1.5),
+    "int_inplace_true_divide": lambda d: torch.ones(3, dtype=torch.int64, device=d).div_(2),
+    "expand_wrong": lambda d: torch.zeros(3, device=d).expand(2, 4),
+    "write_to_expanded": lambda d: torch.zeros(3, device=d).expand(2, 3).add_(1),
+    "negative_size": lambda d: torch.empty(-1, device=d),
+    "linear_shapes": lambda d: F.linear(torch.zeros(2, 3, device=d), torch.zeros(4, 5, device=d)),
+    "conv_channels": lambda d: F.conv2d(torch.zeros(1, 3, 5, 5, device=d), torch.zeros(2, 4, 3, 3, device=d)),
+    "softmax_dim": lambda d: torch.softmax(torch.zeros(2, 3, device=d), dim=5),
+    "sum_dim": lambda d: torch.zeros(2, 3, device=d).sum(4),
+    "as_strided_out_of_storage": lambda d: torch.zeros(4, device=d).as_strided((10,), (1,)),
+    "item_of_many": lambda d: torch.zeros(3, device=d).item(),
+    "bool_of_many": lambda d: bool(torch.zeros(3, device=d)),
+    "gather_out_of_range": lambda d: torch.zeros(2, 3, device=d).gather(1, torch.tensor([[0], [3]]).to(d)),
+    "mask_shape": lambda d: torch.zeros(4, 2, device=d)[torch.tensor([True, False]).to(d)],
+    "clamp_no_bounds": lambda d: torch.clamp(torch.zeros(3, device=d)),
+    "alpha_float_for_int": lambda d: torch.add(torch.ones(2, dtype=torch.int64, device=d), torch.ones(2, dtype=torch.int64, device=d), alpha=0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_AS_CPU))
+def test_error_matches_cpu(name):
+    cpu_type, cpu_msg = _error(SAME_AS_CPU[name], "cpu")
+    jax_type, jax_msg = _error(SAME_AS_CPU[name], "jax")
+    assert cpu_type is not None, "the CPU oracle raises"
+    assert jax_type is cpu_type, f"{jax_type} != {cpu_type}: {jax_msg}"
+    assert jax_msg == cpu_msg or _same_gist(jax_msg, cpu_msg), f"\njax: {jax_msg}\ncpu: {cpu_msg}"
+
+
+def _same_gist(a: str, b: str) -> bool:
+    """Messages equal up to the CPU's reference to its own kernel names."""
+    strip = lambda s: re.sub(r"\s+", " ", s.split("\n")[0]).strip()  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def test_device_mismatch_names_both_devices():
+    with pytest.raises(RuntimeError, match=r"found at least two devices, jax:0 and cpu!"):
+        torch.zeros(3, device="jax") * torch.zeros(3)
+    with pytest.raises(RuntimeError, match=r"found at least two devices, jax:1 and jax:0!"):
+        torch.zeros(3, device="jax:1").copy_(torch.zeros(3, device="jax:1")).add_(torch.zeros(3, device="jax:0"))
+
+
+def test_unsupported_dtype_names_the_dtype():
+    with pytest.raises(TypeError, match=r"dtype torch.complex32 is not supported on the jax device"):
+        torch.zeros(2, dtype=torch.complex32, device="jax")
+
+
+def test_freed_storage_is_a_clear_error():
+    from torch_jax.tensor import _storage
+
+    x = torch.ones(3, device="jax")
+    _storage.box_of(x).arr.delete()  # e.g. a buffer donated to another computation
+    with pytest.raises(RuntimeError, match=r"aten.mul.Tensor read a tensor whose device buffer was freed"):
+        x * 2
+
+
+def test_resizing_a_storage_is_a_clear_error():
+    x = torch.ones(3, device="jax")
+    with pytest.raises(NotImplementedError, match="resizePrivateUse1Bytes"):
+        x.untyped_storage().resize_(0)
+    assert (x + 1).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_resize_then_use_old_and_new_views():
+    x = torch.arange(4.0, device="jax")
+    v = x[1:3]
+    x.resize_(8)  # grows onto a new storage
+    x[4:].fill_(0)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0]
+    assert v.tolist() == [1.0, 2.0]
+    x.resize_(2)  # shrinking keeps the storage
+    assert x.tolist() == [0.0, 1.0] and x.untyped_storage().nbytes() == 32
+
+
+def test_errors_inside_debug_launch_blocking_mode():
+    import torch_jax
+
+    torch_jax.config.launch_blocking = True
+    try:
+        with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
+            torch.zeros(4, device="jax")[torch.tensor([9]).to("jax")]
+        assert (torch.ones(2, device="jax") * 3).tolist() == [3.0, 3.0]
+    finally:
+        torch_jax.config.launch_blocking = False

@@ -1,0 +1,77 @@
+"""The strict executor: one cached computation per (op, static args, shapes, dtypes),
+asynchronous dispatch, debug-blocking mode. Behaviour is asserted as counts."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_jax
+from torch_jax.tensor import _storage
+
+
+def test_repeated_op_hits_the_cache():
+    a, b = torch.randn(8, 8, device="jax"), torch.randn(8, 8, device="jax")
+    a * b + 1  # warm up
+    torch_jax.reset_stats()
+    for _ in range(10):
+        c = a * b + 1
+    s = torch_jax.stats()
+    assert s["compiles"] == 0
+    assert s["cache_hits"] == s["ops"] == 20
+    assert c.shape == (8, 8)
+
+
+def test_new_shape_or_dtype_compiles_once():
+    torch_jax.reset_stats()
+    x = torch.randn(3, 5, device="jax")
+    torch.sin(x)
+    torch.sin(x)
+    torch.sin(torch.randn(4, 5, device="jax"))
+    torch.sin(x.double())
+    compiles = torch_jax.stats()["compiles"]
+    torch.sin(x), torch.sin(torch.randn(4, 5, device="jax")), torch.sin(x.double())
+    assert torch_jax.stats()["compiles"] - compiles <= 2  # randn/to of the new tensors, not sin
+
+
+def test_changing_python_scalars_do_not_recompile():
+    x = torch.randn(16, device="jax")
+    x.mul_(0.5).add_(x, alpha=0.1)
+    torch_jax.reset_stats()
+    for i in range(20):
+        x.mul_(1.0 + i / 100).add_(x, alpha=0.01 * i)
+    assert torch_jax.stats()["compiles"] == 0
+
+
+def test_dispatch_is_asynchronous():
+    """Ops return before their results are computed: a chain of ops on a large matrix
+    is queued while the host goes on (the last result is not ready yet)."""
+    x = torch.randn(1024, 1024, device="jax")
+    torch.jax.synchronize()
+    y = x
+    for _ in range(8):
+        y = y @ x
+    arr = _storage.box_of(y).arr
+    ready_at_return = arr.is_ready()
+    torch.jax.synchronize()
+    assert arr.is_ready()
+    assert not ready_at_return
+
+
+def test_launch_blocking_waits_for_every_op():
+    torch_jax.config.launch_blocking = True
+    try:
+        x = torch.randn(1024, 1024, device="jax")
+        y = x @ x
+        assert _storage.box_of(y).arr.is_ready()
+    finally:
+        torch_jax.config.launch_blocking = False
+
+
+def test_view_inputs_are_read_inside_the_computation():
+    """An op on a view is one computation (the view read is fused into it)."""
+    x = torch.randn(8, 8, device="jax")
+    torch.exp(x.t()[2:5])
+    torch_jax.reset_stats()
+    torch.exp(x.t()[2:5])
+    s = torch_jax.stats()
+    assert s["ops"] == 1 and s["compiles"] == 0
