@@ -40,12 +40,15 @@ class Config:
         is raised by the op that caused it (like ``CUDA_LAUNCH_BLOCKING=1``).
     debug: 0 quiet; 1 logs fallbacks and compilations; 2 logs every op.
     mode: the executor; ``strict`` runs each op at once as a cached XLA computation.
+    cache_size: how many compiled computations are kept (least recently used ones are
+        dropped beyond it; each holds compiled code).
     """
 
     fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
     launch_blocking: bool = dataclasses.field(default_factory=lambda: _env_int("LAUNCH_BLOCKING", 0) != 0)
     debug: int = dataclasses.field(default_factory=lambda: _env_int("DEBUG", 0))
     mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
+    cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:

@@ -4,8 +4,6 @@ their backward ops. Backward convolutions are the JAX transposes of the forward
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,30 +99,24 @@ def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode):
     return k, s, p, d, out
 
 
-def _windows(x, k, s, p, d, out, fill):
-    """Stack every window tap: (prod(k), *batch, *out) plus the flat input index of
-    each tap (for max-pool indices), built from strided slices of the padded input."""
+def _window_args(x, k, s, p, d, out):
+    """reduce_window arguments for a pooling window over the last len(k) dims, padded
+    so that the output has PyTorch's size ``out`` (ceil_mode pads on the right)."""
     nd = len(k)
-    spatial = x.shape[-nd:]
+    batch = x.ndim - nd
+    spatial = x.shape[batch:]
     hi = [max((o - 1) * ss + dd * (kk - 1) + 1 - n - pp, 0) for o, ss, dd, kk, n, pp in zip(out, s, d, k, spatial, p)]
-    xp = jnp.pad(x, [(0, 0)] * (x.ndim - nd) + list(zip(p, hi)), constant_values=fill)
-    taps, flat = [], []
-    strides = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
-    for offs in itertools.product(*[range(kk) for kk in k]):
-        start = [0] * (x.ndim - nd) + [o * dd for o, dd in zip(offs, d)]
-        limit = [xp.shape[i] for i in range(x.ndim - nd)] + [
-            o * dd + (oo - 1) * ss + 1 for o, dd, oo, ss in zip(offs, d, out, s)
-        ]
-        step = [1] * (x.ndim - nd) + list(s)
-        taps.append(lax.slice(xp, start, limit, step))
-        idx = 0
-        for axis, (o, dd, ss, pp) in enumerate(zip(offs, d, s, p)):
-            pos = jnp.arange(out[axis]) * ss + o * dd - pp
-            shape = [1] * nd
-            shape[axis] = out[axis]
-            idx = idx + pos.reshape(shape) * int(strides[axis])
-        flat.append(jnp.broadcast_to(idx, out))
-    return jnp.stack(taps), jnp.stack(flat)
+    return dict(
+        window_dimensions=(1,) * batch + tuple(k),
+        window_strides=(1,) * batch + tuple(s),
+        padding=((0, 0),) * batch + tuple(zip(p, hi)),
+        window_dilation=(1,) * batch + tuple(d),
+    )
+
+
+def _crop(y, out):
+    nd = len(out)
+    return y[(Ellipsis,) + tuple(slice(0, o) for o in out)] if tuple(y.shape[-nd:]) != tuple(out) else y
 
 
 def _min_value(dtype):
@@ -133,18 +125,31 @@ def _min_value(dtype):
     return jnp.iinfo(dtype).min
 
 
+def _argmax_pair(a, b):
+    """Combine (value, index) pairs the way PyTorch's max-pool scans a window: the
+    larger value wins, ties go to the first index, NaN beats numbers (the last NaN)."""
+    av, ai = a
+    bv, bi = b
+    a_nan, b_nan = av != av, bv != bv
+    take_b = jnp.where(
+        a_nan | b_nan,
+        b_nan & (~a_nan | (bi > ai)),
+        (bv > av) | ((bv == av) & (bi < ai)),
+    )
+    return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+
 def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
     k, s, p, d, out = _pool_geometry(x, _expand(kernel_size, nd), stride, padding, dilation, ceil_mode)
-    taps, flat = _windows(x, k, s, p, d, out, _min_value(x.dtype))
-    if jnp.issubdtype(x.dtype, jnp.floating):  # NaN wins, as in PyTorch
-        nan = jnp.isnan(taps)
-        choice = jnp.where(jnp.any(nan, axis=0), jnp.argmax(nan, axis=0), jnp.argmax(taps, axis=0))
-    else:
-        choice = jnp.argmax(taps, axis=0)
-    vals = jnp.take_along_axis(taps, choice[None], axis=0)[0]
-    flat = jnp.broadcast_to(flat.reshape(flat.shape[:1] + (1,) * (x.ndim - nd) + flat.shape[1:]), taps.shape)
-    idx = jnp.take_along_axis(flat, choice[None], axis=0)[0]
-    return vals, idx.astype(jnp.int64)
+    spatial = x.shape[-nd:]
+    plane = lax.broadcasted_iota(jnp.int64, spatial, 0) * 0
+    strides = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
+    for axis in range(nd):
+        plane = plane + lax.broadcasted_iota(jnp.int64, spatial, axis) * int(strides[axis])
+    idx = jnp.broadcast_to(plane, x.shape)
+    init = (jnp.asarray(_min_value(x.dtype), x.dtype), jnp.asarray(np.iinfo(np.int64).max, jnp.int64))
+    vals, inds = lax.reduce_window((x, idx), init, _argmax_pair, **_window_args(x, k, s, p, d, out))
+    return _crop(vals, out), _crop(inds, out)
 
 
 def _max_pool_backward(g, x, indices, nd):
@@ -178,8 +183,7 @@ def max_pool3d_with_indices_backward(g, x, kernel_size, stride, padding, dilatio
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
     k, s, p, d, out = _pool_geometry(x, _expand(kernel_size, nd), stride, padding, [1] * nd, ceil_mode)
     xf = x.astype(jnp.float32) if x.dtype in _LOW else x
-    taps, flat = _windows(xf, k, s, p, d, out, 0)
-    total = jnp.sum(taps, axis=0)
+    total = _crop(lax.reduce_window(xf, jnp.zeros((), xf.dtype), lax.add, **_window_args(xf, k, s, p, d, out)), out)
     if divisor_override:
         return (total / divisor_override).astype(x.dtype)
     # window sizes: clipped to the padded input (count_include_pad) or to the input

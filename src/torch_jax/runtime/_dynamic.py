@@ -45,13 +45,20 @@ def _count_of(arr) -> int:
     return int(_copy.to_numpy(_count(arr)))
 
 
+def _bucket(n: int) -> int:
+    """Counts are padded to a power of two so that changing counts reuse a few
+    compiled computations; the padding is sliced off."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _index_of(t: torch.Tensor) -> int:
     return _storage.box_of(t).index
 
 
 def nonzero(self):
     arr = _copy.logical_array(self)
-    out = _nonzero(arr, _count_of(arr))
+    n = _count_of(arr)
+    out = _nonzero(arr, _bucket(n))[:n]
     return _storage.new_tensor(out.shape, torch.int64, _index_of(self), out)
 
 
@@ -59,7 +66,8 @@ def masked_select(self, mask):
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
     x, m = _copy.logical_array(self), _copy.logical_array(mask)
-    out = _masked_select(x, m, _count_of(jnp.broadcast_to(m, jnp.broadcast_shapes(x.shape, m.shape))))
+    n = _count_of(jnp.broadcast_to(m, jnp.broadcast_shapes(x.shape, m.shape)))
+    out = _masked_select(x, m, _bucket(n))[:n]
     return _storage.new_tensor(out.shape, self.dtype, _index_of(self), out)
 
 

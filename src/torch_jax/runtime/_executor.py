@@ -199,9 +199,11 @@ def run(spec: OpSpec, args):
     entry = spec.cache.get(key)
     _counters["ops"] += 1
     if entry is None:
-        entry = _compile(spec, args, key, index, dyn)
         try:
-            results = entry.fn(*dyn)  # traces the lowering
+            entry = _compile(spec, args, key, index, dyn)
+            results = entry.fn(*dyn)
+        except _PyTorchError as e:
+            raise e.error from None
         except Exception as e:  # noqa: BLE001
             error = _cpu_error(spec, args) or _freed(spec, e)
             if error is not None:
@@ -211,13 +213,65 @@ def run(spec: OpSpec, args):
                 f"{e}); PyTorch's CPU kernel accepts them, so this is a torch_jax bug: please report it"
             ) from e
         spec.cache[key] = entry
+        _remember(spec, key)
         return entry.finish(args, results)
     _counters["cache_hits"] += 1
+    entry.used = True
     try:
         results = entry.fn(*dyn)
     except RuntimeError as e:
         raise _freed(spec, e) or e from None
     return entry.finish(args, results)
+
+
+# NOTE [Bounded compile cache]: every compiled XLA executable holds code memory and
+# memory mappings (from a few to ~100 for a complex op; a Linux process may have only
+# vm.max_map_count, usually 65530). Training loops use a few hundred computations, but
+# sweeps over many shapes would grow without end. So the cache keeps at most
+# config.cache_size entries, and every 256 compilations it checks the process's
+# mappings: when either is too high, entries not used since the last sweep are dropped
+# (the oldest half when all were in use), and compiled again if they come back.
+_live: list = []
+_MAPS = "/proc/self/maps"
+
+
+def _maps_pressure() -> bool:
+    try:
+        with open(_MAPS, "rb") as f:
+            used = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except OSError:
+        return False
+    return used > limit // 2
+
+
+def _remember(spec: OpSpec, key) -> None:
+    _live.append((spec, key))
+    if len(_live) > config.cache_size or (len(_live) % 256 == 0 and _maps_pressure()):
+        _sweep()
+
+
+def _sweep() -> None:
+    kept = []
+    for s_, k in _live:
+        e = s_.cache.get(k)
+        if e is None:
+            continue
+        if e.used:
+            e.used = False
+            kept.append((s_, k))
+        else:
+            del s_.cache[k]
+    if len(kept) > config.cache_size * 3 // 4 or _maps_pressure():  # still too many: drop the oldest half
+        for s_, k in kept[: len(kept) // 2]:
+            s_.cache.pop(k, None)
+        kept = kept[len(kept) // 2 :]
+    _counters["cache_evictions"] += len(_live) - len(kept)
+    _live[:] = kept
+    # JAX's tracing caches hold the jaxprs (and compiled code) of the dropped entries;
+    # the live entries keep their own compiled executables.
+    jax.clear_caches()
 
 
 def _freed(spec: OpSpec, e: Exception):
@@ -300,6 +354,13 @@ def _meta_outputs(spec: OpSpec, args):
     return [o for o, alias in zip(outs, spec.returns) if alias is None]
 
 
+class _PyTorchError(Exception):
+    """Carries the error PyTorch raises for a call out of the compilation step."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 _CPU_REPLAY_LIMIT = 1 << 28  # bytes of stand-in tensors we are willing to allocate
 
 
@@ -358,7 +419,7 @@ def _layout(size, stride):
 class _Entry:
     """One compiled computation and how to turn its results into tensors."""
 
-    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single")
+    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single", "used")
 
     def finish(self, args, results):
         if config.launch_blocking:
@@ -414,8 +475,10 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     _counters["compiles"] += 1
     if config.debug >= 1:
         print(f"[torch_jax] compiling {spec.op}")
-    targets = list(_write_targets(spec, args))
-    for t in targets:
+    # what the computation needs of the written tensors (never the tensors themselves:
+    # the compiled entry outlives this call)
+    targets = [None if t is None else (_TO_NP[t.dtype], tuple(t.shape)) for t in _write_targets(spec, args)]
+    for t in _write_targets(spec, args):
         if t is not None and _strided.has_internal_overlap(t.shape, t.stride()):
             raise RuntimeError(
                 "unsupported operation: more than one element of the written-to tensor refers to a "
@@ -430,6 +493,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     entry.index = index
     entry.checks = []
     entry.n_groups = groups
+    entry.used = False
 
     # where each tensor argument's storage array sits in dyn (for writes)
     positions = {}
@@ -463,7 +527,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     try:
         metas = _meta_outputs(spec, args)
     except Exception as e:  # noqa: BLE001 (re-raised as the CPU's own error)
-        raise _cpu_error(spec, args) or e from None
+        raise _PyTorchError(_cpu_error(spec, args) or e) from None
     if spec.inplace:
         fresh = []
     elif metas is None:
@@ -483,7 +547,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     write_slots = _slots(spec, arg_keys)  # (arg position key, tensor key, target tensor)
 
     def traced(*dyn):
-        results, ctx = call_lowering(dyn, out_dtypes if not spec.inplace else [_TO_NP[targets[0].dtype]])
+        results, ctx = call_lowering(dyn, out_dtypes if not spec.inplace else [targets[0][0]])
         outs = []
         for i, f in enumerate(fresh):
             if layouts[i] is None:
@@ -506,7 +570,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             if g not in current:
                 order.append(g)
                 current[g] = dyn[positions[pos]] if _has_array(k) else None
-            v = _cast(v, _TO_NP[t.dtype], tuple(t.shape), spec)
+            v = _cast(v, t[0], t[1], spec)
             current[g] = _write(current[g], k, v)
         outs.extend(current[g] for g in order)
         entry.checks = [(exc, msg) for _, _, exc, msg in ctx.checks]
@@ -514,7 +578,11 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             outs.append(jnp.stack([flag.astype(jnp.int64), value]))
         return tuple(outs)
 
-    entry.fn = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
+    # NOTE [Compiled, not jitted]: the entry holds the AOT-compiled executable itself,
+    # so that dropping the entry (NOTE [Bounded compile cache]) frees it, whatever
+    # JAX's own tracing caches still hold.
+    jitted = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
+    entry.fn = jitted.lower(*dyn).compile()
     return entry
 
 
