@@ -77,7 +77,10 @@ def mlp_step(device):
 
 
 WORKLOADS = [
-    *[(f"small op: {n} (16 floats)", small_op(n), 2000) for n in ("add", "mul_scalar", "relu", "exp", "add_ (in-place)", "sum")],
+    *[
+        (f"small op: {n} (16 floats)", small_op(n), 2000)
+        for n in ("add", "mul_scalar", "relu", "exp", "add_ (in-place)", "sum")
+    ],
     ("matmul 512x512 fp32", matmul_512, 50),
     ("MLP 784-512-512-10 SGD step, batch 128", mlp_step, 20),
 ]

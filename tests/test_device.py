@@ -102,7 +102,10 @@ def test_backward_on_second_device():
 def test_mixing_devices_raises_the_cuda_error():
     a = torch.ones(3, device="jax:0")
     b = torch.ones(3, device="jax:1")
-    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two devices, jax:0 and jax:1!"):
+    with pytest.raises(
+        RuntimeError,
+        match="Expected all tensors to be on the same device, but found at least two devices, jax:0 and jax:1!",
+    ):
         a + b
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         a + torch.ones(3)

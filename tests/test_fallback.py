@@ -64,7 +64,10 @@ def test_warn_mode_warns_once_per_op():
 
     _fallback._warned.discard("torch_jax_test::scale")
     x = torch.ones(2, device="jax")
-    with pytest.warns(torch_jax.FallbackWarning, match=r"torch_jax_test::scale has no JAX lowering.*TORCH_JAX_FALLBACK=silent.*TORCH_JAX_FALLBACK=error"):
+    with pytest.warns(
+        torch_jax.FallbackWarning,
+        match=r"torch_jax_test::scale has no JAX lowering.*TORCH_JAX_FALLBACK=silent.*TORCH_JAX_FALLBACK=error",
+    ):
         ops.scale(x, 2.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -83,7 +86,9 @@ def test_silent_mode_does_not_warn():
 
 def test_error_mode_raises():
     torch_jax.config.fallback = "error"
-    with pytest.raises(NotImplementedError, match="torch_jax_test::scale has no JAX lowering and TORCH_JAX_FALLBACK=error"):
+    with pytest.raises(
+        NotImplementedError, match="torch_jax_test::scale has no JAX lowering and TORCH_JAX_FALLBACK=error"
+    ):
         ops.scale(torch.ones(2, device="jax"), 2.0)
 
 

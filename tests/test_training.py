@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _models import CNN, MLP, Block, data
 
 import torch_jax
+from _models import CNN, MLP, Block, data
 
 MODELS = {"mlp": MLP, "cnn": CNN, "block": Block}
 OPTIMIZERS = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from conftest import assert_same
 
 
@@ -62,7 +63,9 @@ CASES = {
     ),
     "setitem_mask_scalar": lambda d: _then(x := base(d), x.__setitem__(x > 10, 0.0)),
     "setitem_mask_values": lambda d: _then(x := base(d), x.__setitem__(x > 10, torch.arange(13.0).to(d))),
-    "setitem_row_mask": lambda d: _then(x := base(d), x.__setitem__(torch.tensor([True, False, True, False]).to(d), 3.0)),
+    "setitem_row_mask": lambda d: _then(
+        x := base(d), x.__setitem__(torch.tensor([True, False, True, False]).to(d), 3.0)
+    ),
     "setitem_index_tensor": lambda d: _then(x := base(d), x.__setitem__(torch.tensor([0, 2]).to(d), -1.0)),
     "setitem_index_on_view": lambda d: _then(x := base(d), x.t().__setitem__(torch.tensor([1, 3]).to(d), 8.0)),
     "setitem_two_index_tensors": lambda d: _then(

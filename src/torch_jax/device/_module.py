@@ -258,4 +258,3 @@ def reset_peak_memory_stats(device=None) -> None:
 
 def empty_cache() -> None:
     """JAX frees device buffers when their arrays die; nothing is cached to release."""
-

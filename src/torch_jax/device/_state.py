@@ -84,9 +84,7 @@ def next_key(index: int) -> np.ndarray:
         state = _rng[index]
         seed, offset = state
         state[1] = (offset + 1) & _MASK64
-    return np.array(
-        [seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32
-    )
+    return np.array([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
 
 
 def get_rng_state(index: int) -> torch.Tensor:

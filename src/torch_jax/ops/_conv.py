@@ -37,8 +37,15 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     dn = _dimension_numbers(nd)
     if not transposed:
         y = lax.conv_general_dilated(
-            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
-            dimension_numbers=dn, feature_group_count=groups, precision=precision, preferred_element_type=acc,
+            x,
+            w,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            precision=precision,
+            preferred_element_type=acc,
         )
         return y.astype(x.dtype)
     # transposed: weight is (C_in, C_out / groups, k...); convolve the stride-dilated
@@ -48,13 +55,18 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     wt = w.reshape((groups, c_in // groups, c_out_g) + k)
     wt = jnp.swapaxes(wt, 1, 2).reshape((groups * c_out_g, c_in // groups) + k)
     wt = jnp.flip(wt, axis=tuple(range(2, 2 + nd)))
-    pads = [
-        (d * (kk - 1) - p, d * (kk - 1) - p + op)
-        for kk, p, d, op in zip(k, padding, dilation, output_padding)
-    ]
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     y = lax.conv_general_dilated(
-        x, wt, window_strides=[1] * nd, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
-        dimension_numbers=dn, feature_group_count=groups, precision=precision, preferred_element_type=acc,
+        x,
+        wt,
+        window_strides=[1] * nd,
+        padding=pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        feature_group_count=groups,
+        precision=precision,
+        preferred_element_type=acc,
     )
     return y.astype(x.dtype)
 
@@ -68,7 +80,9 @@ def convolution_overrideable(x, w, bias, stride, padding, dilation, transposed, 
 
 
 @lower(aten.convolution_backward_overrideable.default)
-def convolution_backward_overrideable(g, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask):
+def convolution_backward_overrideable(
+    g, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
     def f(x_, w_):
         return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
 
@@ -207,7 +221,9 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 
 @lower(aten.avg_pool2d_backward.default)
 def avg_pool2d_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2), x)
+    _, vjp = jax.vjp(
+        lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2), x
+    )
     return vjp(g.astype(x.dtype))[0]
 
 

@@ -155,7 +155,11 @@ def _float_floor_divide(a, b):
     return jnp.where(b == 0, a / b, jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floor))
 
 
-binary(aten.floor_divide, lambda a, b: jnp.floor_divide(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else _float_floor_divide(a, b), overloads=("default", "Scalar"))
+binary(
+    aten.floor_divide,
+    lambda a, b: jnp.floor_divide(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else _float_floor_divide(a, b),
+    overloads=("default", "Scalar"),
+)
 binary(aten.remainder, lambda a, b: jnp.remainder(a, b))
 binary(aten.fmod, lambda a, b: jnp.fmod(a, b))
 binary(aten.maximum, jnp.maximum, overloads=("default",))
@@ -168,7 +172,12 @@ binary(aten.copysign, jnp.copysign, INT_TO_FLOAT, overloads=("Tensor", "Scalar")
 binary(aten.nextafter, jnp.nextafter, overloads=("default",))
 binary(aten.logaddexp, jnp.logaddexp, overloads=("default",))
 binary(aten.logaddexp2, jnp.logaddexp2, overloads=("default",))
-binary(aten.xlogy, lambda a, b: jax.scipy.special.xlogy(a, b), INT_TO_FLOAT, overloads=("Tensor", "Scalar_Other", "Scalar_Self"))
+binary(
+    aten.xlogy,
+    lambda a, b: jax.scipy.special.xlogy(a, b),
+    INT_TO_FLOAT,
+    overloads=("Tensor", "Scalar_Other", "Scalar_Self"),
+)
 
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, static=("exponent",))
@@ -191,7 +200,14 @@ binary(aten.logical_or, jnp.logical_or, ALWAYS_BOOL, overloads=("default",))
 binary(aten.logical_xor, jnp.logical_xor, ALWAYS_BOOL, overloads=("default",))
 
 # ---- comparisons ----
-for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
+for _name, _fn in [
+    ("eq", jnp.equal),
+    ("ne", jnp.not_equal),
+    ("lt", jnp.less),
+    ("le", jnp.less_equal),
+    ("gt", jnp.greater),
+    ("ge", jnp.greater_equal),
+]:
     binary(getattr(aten, _name), _fn, ALWAYS_BOOL)
 
 
@@ -205,9 +221,17 @@ def where_self(cond, a, b):
 def clamp(x, lo=None, hi=None):
     (x, lo, hi), out = promote(x, lo, hi)
     if lo is not None:
-        x = jnp.maximum(x, lo) if not jnp.issubdtype(x.dtype, jnp.floating) else jnp.where(jnp.isnan(lo), lo, jnp.where(x < lo, lo, x))
+        x = (
+            jnp.maximum(x, lo)
+            if not jnp.issubdtype(x.dtype, jnp.floating)
+            else jnp.where(jnp.isnan(lo), lo, jnp.where(x < lo, lo, x))
+        )
     if hi is not None:
-        x = jnp.minimum(x, hi) if not jnp.issubdtype(x.dtype, jnp.floating) else jnp.where(jnp.isnan(hi), hi, jnp.where(x > hi, hi, x))
+        x = (
+            jnp.minimum(x, hi)
+            if not jnp.issubdtype(x.dtype, jnp.floating)
+            else jnp.where(jnp.isnan(hi), hi, jnp.where(x > hi, hi, x))
+        )
     return cast(x, out)
 
 
@@ -237,4 +261,3 @@ def addcmul(x, t1, t2, value=1):
 def addcdiv(x, t1, t2, value=1):
     (x, t1, t2), out = promote(x, t1, t2)
     return cast(x + cast(value, x.dtype) * (t1 / t2), out)
-

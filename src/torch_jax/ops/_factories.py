@@ -16,6 +16,7 @@ from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import aten, lower
 
+
 @lower(aten.arange.start_step, static=("start", "end", "step"))
 def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     out = _context.out_dtype()

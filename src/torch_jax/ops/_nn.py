@@ -11,7 +11,6 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import aten, lower
 
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -160,9 +159,12 @@ def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias,
     n = 1
     for a in ax:
         n *= x.shape[a]
-    grad_input = rstd * (
-        dx_hat - jnp.mean(dx_hat, axis=ax, keepdims=True) - x_hat * jnp.mean(dx_hat * x_hat, axis=ax, keepdims=True)
-    ) if n else jnp.zeros_like(xf)
+    grad_input = (
+        rstd
+        * (dx_hat - jnp.mean(dx_hat, axis=ax, keepdims=True) - x_hat * jnp.mean(dx_hat * x_hat, axis=ax, keepdims=True))
+        if n
+        else jnp.zeros_like(xf)
+    )
     grad_weight = jnp.sum(gf * x_hat, axis=batch_axes) if weight is not None else None
     grad_bias = jnp.sum(gf, axis=batch_axes) if bias is not None else None
     return grad_input, grad_weight, grad_bias
@@ -201,9 +203,17 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     return y.astype(x.dtype), save_mean, save_invstd, new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit.default)
+def _empty_stats():
+    return jnp.zeros((0,), jnp.float32)
+
+
+# In eval mode PyTorch's CPU kernels return empty saved statistics (their Meta kernels
+# say (C,)): the output shapes come from the lowering.
+@lower(aten._native_batch_norm_legit.default, trust_meta=False)
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     y, m, s, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    if not training:
+        m = s = _empty_stats().astype(m.dtype)
     return y, m, s, new_mean, new_var
 
 
@@ -213,14 +223,16 @@ def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return y, m, s
 
 
-@lower(aten._native_batch_norm_legit_no_training.default)
+@lower(aten._native_batch_norm_legit_no_training.default, trust_meta=False)
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
-    y, m, s, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
-    return y, m, s
+    y, m, _, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return y, _empty_stats().astype(m.dtype), _empty_stats().astype(m.dtype)
 
 
 @lower(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(g, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+def native_batch_norm_backward(
+    g, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     axes = (0,) + tuple(range(2, x.ndim))
     c = _channel_shape(x)
     gf, xf = _f32(g), _f32(x)
@@ -233,7 +245,9 @@ def native_batch_norm_backward(g, x, weight, running_mean, running_var, save_mea
     if train:
         dx_hat = gf * w
         grad_input = invstd.reshape(c) * (
-            dx_hat - jnp.mean(dx_hat, axis=axes, keepdims=True) - x_hat * jnp.mean(dx_hat * x_hat, axis=axes, keepdims=True)
+            dx_hat
+            - jnp.mean(dx_hat, axis=axes, keepdims=True)
+            - x_hat * jnp.mean(dx_hat * x_hat, axis=axes, keepdims=True)
         )
     else:
         grad_input = gf * w * invstd.reshape(c)
@@ -244,6 +258,9 @@ def native_batch_norm_backward(g, x, weight, running_mean, running_var, save_mea
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
+    if x.size == 0:  # as on CPU: mean 0 and rstd NaN over empty groups
+        mean = jnp.zeros((n, group), _f32(x).dtype)
+        return x, mean, jnp.full((n, group), jnp.nan, mean.dtype)
     xf = _f32(x).reshape(n, group, -1)
     mean = jnp.mean(xf, axis=2)
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=2)
@@ -267,7 +284,9 @@ def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output
     w = _f32(weight).reshape(cs) if weight is not None else 1.0
     dx_hat = (gf * w).reshape(n, group, -1)
     xh = x_hat.reshape(n, group, -1)
-    grad_input = (rstd[..., None] * (dx_hat - dx_hat.mean(axis=2, keepdims=True) - xh * (dx_hat * xh).mean(axis=2, keepdims=True))).reshape(x.shape)
+    grad_input = (
+        rstd[..., None] * (dx_hat - dx_hat.mean(axis=2, keepdims=True) - xh * (dx_hat * xh).mean(axis=2, keepdims=True))
+    ).reshape(x.shape)
     axes = (0,) + tuple(range(2, x.ndim))
     return grad_input, jnp.sum(gf * x_hat, axis=axes), jnp.sum(gf, axis=axes)
 
@@ -369,8 +388,23 @@ def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, r
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
 def sdpa_overrideable_backward(
-    g, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-    dropout_p, is_causal, philox_seed, philox_offset, scale=None,
+    g,
+    q,
+    k,
+    v,
+    attn_bias,
+    grad_input_mask,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    scale=None,
 ):
     key = _key_from_words(philox_seed, philox_offset) if dropout_p > 0 else None
     has_bias = attn_bias is not None and attn_bias.size > 0 and attn_bias.dtype != jnp.bool_
@@ -384,4 +418,3 @@ def sdpa_overrideable_backward(
     if not has_bias:
         gb = jnp.zeros((0,), q.dtype)
     return gq, gk, gv, gb
-

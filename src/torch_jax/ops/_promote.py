@@ -59,7 +59,7 @@ def _stand_in(x):
     return _meta(_dtypes.to_torch(x.dtype), np.ndim(x))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _meta(dtype: torch.dtype, ndim: int) -> torch.Tensor:
     return torch.empty([1] * ndim, dtype=dtype, device="meta")
 

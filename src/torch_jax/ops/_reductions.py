@@ -220,7 +220,7 @@ def logsumexp(x, dim, keepdim=False):
     return cast(jax.nn.logsumexp(xa, axis=axes(x, dim), keepdims=keepdim), out)
 
 
-@lower(aten.linalg_vector_norm.default)
+@lower(aten.linalg_vector_norm.default, static=("ord",))
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     out = _context.out_dtype()
     xa = jnp.abs(_acc(x, np.dtype(jnp.float32) if x.dtype in _LOW else x.dtype))

@@ -30,13 +30,14 @@ class Lowering:
     fn: Callable
     static: frozenset  # Scalar arguments that are compile-time constants for this op
     random: bool  # the lowering draws random numbers (ctx.rng_key)
+    trust_meta: bool  # output metadata from the Meta kernel (False: from JAX, where they disagree with CPU)
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 DECLARED_FALLBACKS: dict[torch._ops.OpOverload, str] = {}
 
 
-def lower(*ops, static=(), random=False):
+def lower(*ops, static=(), random=False, trust_meta=True):
     """Register ``fn`` as the lowering of each op overload in ``ops``."""
 
     def deco(fn):
@@ -45,7 +46,7 @@ def lower(*ops, static=(), random=False):
                 raise TypeError(f"lower() takes op overloads (aten.add.Tensor), got {op!r}")
             if op in LOWERINGS or op in DECLARED_FALLBACKS:
                 raise RuntimeError(f"torch_jax: {op} is registered twice in the lowering table")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random, trust_meta)
         return fn
 
     return deco

@@ -79,13 +79,14 @@ def masked_fill(x, mask, value):
     return jnp.where(mask, cast(value, x.dtype), x)
 
 
-@lower(aten.index_select.default)
+# A 0-dim index keeps its dim (size 1) on CPU, where the Meta kernel drops it.
+@lower(aten.index_select.default, trust_meta=False)
 def index_select(x, dim, index):
     n = x.shape[dim] if x.ndim else 1
     bad = (index < 0) | (index >= n)
     _context.check(jnp.any(bad), IndexError, "index out of range in self")
-    if x.ndim == 0:
-        return jnp.broadcast_to(x, index.shape)
+    if x.ndim == 0:  # a 0-dim result whatever the index's shape, as on CPU
+        return x
     return jnp.take(x, index.astype(jnp.int64).reshape(-1), axis=dim, mode="clip")
 
 
@@ -104,8 +105,12 @@ def gather(x, dim, index, sparse_grad=False):
     dim = dim % x.ndim
     n = x.shape[dim]
     bad = (index < 0) | (index >= n)
-    _context.check(jnp.any(bad), RuntimeError, f"index {{value}} is out of bounds for dimension {dim} with size {n}",
-                   jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0)
+    _context.check(
+        jnp.any(bad),
+        RuntimeError,
+        f"index {{value}} is out of bounds for dimension {dim} with size {n}",
+        jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0,
+    )
     idx = index.astype(jnp.int64)
     return x[_dim_grid(idx, dim)] if idx.size else jnp.zeros(idx.shape, x.dtype)
 
@@ -118,8 +123,12 @@ def _scatter(x, dim, index, src, reduce=None):
     dim = dim % x.ndim
     n = x.shape[dim]
     bad = (index < 0) | (index >= n)
-    _context.check(jnp.any(bad), RuntimeError, f"index {{value}} is out of bounds for dimension {dim} with size {n}",
-                   jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0)
+    _context.check(
+        jnp.any(bad),
+        RuntimeError,
+        f"index {{value}} is out of bounds for dimension {dim} with size {n}",
+        jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0,
+    )
     if index.size == 0:
         return x
     src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else src[tuple(slice(0, s) for s in index.shape)]

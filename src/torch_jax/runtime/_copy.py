@@ -37,17 +37,31 @@ def upload(a: np.ndarray, index: int, non_blocking: bool = False):
     dev = _devices.device(index)
     _stats.counters["host_transfers"] += 1
     if dev.platform == "cpu":
-        # JAX's CPU client aliases the numpy buffer: give it one that nobody else writes
-        return jax.device_put(np.array(a, order="C", copy=True), dev)
+        # JAX's CPU client aliases a 64-byte aligned numpy buffer (and copies any other):
+        # our own aligned copy, which nobody else writes, becomes the device buffer
+        buf = _aligned_copy(a)
+        arr = jax.device_put(buf, dev)
+        if buf.size and arr.unsafe_buffer_pointer() != buf.ctypes.data:
+            _stats.counters["extra_host_copies"] += 1
+        return arr
     arr = jax.device_put(np.ascontiguousarray(a), dev)
     if not non_blocking:
         arr.block_until_ready()  # the CPU tensor may be written as soon as we return
     return arr
 
 
+def _aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data starts on an ``align``-byte boundary."""
+    raw = np.empty(a.nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    out = raw[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    np.copyto(out, a)
+    return out
+
+
 def upload_tensor(src: torch.Tensor, index: int, non_blocking: bool = False) -> torch.Tensor:
     """A new contiguous device tensor with the values of the CPU tensor ``src``."""
-    arr = upload(_dtypes.tensor_to_numpy(src.detach()), index, non_blocking)
+    arr = upload(_dtypes.tensor_to_numpy(src.detach().resolve_conj().resolve_neg()), index, non_blocking)
     return _storage.new_tensor(src.shape, src.dtype, index, arr)
 
 
@@ -59,7 +73,8 @@ def logical_array(t: torch.Tensor):
     box = _storage.box_of(t)
     arr = box.arr
     if arr is not None and t.dtype is box.dtype and t.is_contiguous() and arr.shape == t.shape:
-        return arr
+        if not (t.is_conj() or t.is_neg()):
+            return arr
     out = _executor.run(_executor.SPECS[aten.clone.default], (t, torch.contiguous_format))
     return _storage.box_of(out).arr
 
@@ -80,6 +95,10 @@ def to_numpy(arr) -> np.ndarray:
 def download(t: torch.Tensor) -> torch.Tensor:
     """A new CPU tensor with ``t``'s values; dense layouts (e.g. transposed) keep their
     strides, as ``.cpu()`` does on CUDA."""
+    if t.is_conj():  # NOTE [Conjugate and negative views] (runtime/_executor.py)
+        return torch.conj_physical(download(t.conj()))
+    if t.is_neg():
+        return torch.neg(download(t._neg_view()))
     perm = _whole_dense_perm(t)
     box = _storage.box_of(t)
     if perm is not None and box.arr is not None:
@@ -118,8 +137,9 @@ def move(t: torch.Tensor, index: int) -> torch.Tensor:
 def _upload_into(self, src, index, non_blocking) -> bool:
     """Upload a CPU tensor straight into ``self``'s storage when ``self`` is the whole
     storage with the same dtype and shape: no device-side work at all."""
-    if src.dtype != self.dtype or src.shape != self.shape:
+    if src.dtype != self.dtype or src.shape != self.shape or self.is_conj() or self.is_neg():
         return False
+    src = src.resolve_conj().resolve_neg()
     perm = _whole_dense_perm(self)
     if perm is None:
         return False
@@ -131,6 +151,8 @@ def _upload_into(self, src, index, non_blocking) -> bool:
 def _alias_whole(self, src) -> bool:
     """``self = src`` for whole, same-dtype, same-shape contiguous tensors: share src's
     (immutable) array; no computation."""
+    if self.is_conj() or self.is_neg() or src.is_conj() or src.is_neg():
+        return False  # NOTE [Conjugate and negative views] (runtime/_executor.py)
     sbox = _storage.box_of(src)
     arr = sbox.arr
     if arr is None or src.dtype is not sbox.dtype or arr.shape != src.shape or not src.is_contiguous():
@@ -218,4 +240,3 @@ def kernels():
         (aten._to_copy.default, _to_copy),
         (aten._local_scalar_dense.default, local_scalar_dense),
     ]
-

@@ -135,4 +135,3 @@ def kernels():
         (aten.index_put_.default, index_put_),
         (aten.index_put.default, index_put),
     ]
-

@@ -25,15 +25,14 @@ import torch
 from jax.sharding import SingleDeviceSharding
 
 from torch_jax._config import config
+from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.device import _state as _devices
 from torch_jax.runtime import _stats
+from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
 _last = _devices.last
-from torch_jax.tensor import _dtypes, _storage, _strided
-
 Tensor = torch.Tensor
 _TO_NP = _dtypes.TO_NP
 
@@ -63,8 +62,20 @@ class OpSpec:
     """
 
     __slots__ = (
-        "op", "lowering", "kinds", "names", "kwarg_only", "inplace", "writes", "returns",
-        "n_fresh", "returns_list", "random", "cache", "multi_write", "defaults",
+        "op",
+        "lowering",
+        "kinds",
+        "names",
+        "kwarg_only",
+        "inplace",
+        "writes",
+        "returns",
+        "n_fresh",
+        "returns_list",
+        "random",
+        "cache",
+        "multi_write",
+        "defaults",
     )
 
     def __init__(self, op, lowering, inplace: bool):
@@ -83,7 +94,9 @@ class OpSpec:
         self.kinds = kinds
         # NOTE [Default scalars are constants]: a Scalar argument equal to its schema
         # default (add's alpha=1) is compiled in as a constant, not passed at run time.
-        self.defaults = [a.default_value if a.has_default_value() and kinds[i] == S else _NO_DEFAULT for i, a in enumerate(args)]
+        self.defaults = [
+            a.default_value if a.has_default_value() and kinds[i] == S else _NO_DEFAULT for i, a in enumerate(args)
+        ]
         self.inplace = inplace
         self.writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
         if inplace and self.writes != [0]:
@@ -114,11 +127,12 @@ def _freeze(v):
 
 
 def _device_mismatch(a: str, b: str) -> RuntimeError:
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
-    )
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!")
 
 
+# NOTE [Dynamic storage offsets]: a view's storage offset is a run-time input of the
+# computation when it is not 0 (x[i], the chunks of a split): a loop over the rows of
+# a tensor reuses one compiled computation instead of compiling one per row.
 def _describe(t, dyn: list, index: int):
     """The key of one tensor argument (appending its array, if any, to ``dyn``) and the
     device index it pins the op to."""
@@ -139,6 +153,11 @@ def _describe(t, dyn: list, index: int):
         if index >= 0:
             raise _device_mismatch(f"jax:{index}", f"jax:{box.index}")
         index = box.index
+    if t.is_conj() or t.is_neg():
+        # NOTE [Conjugate and negative views]: ops that PyTorch lets see these lazy
+        # views directly (copy_, clone, mm, ...) apply the bit when they read or write
+        desc, index = _describe(t.conj() if t.is_conj() else t._neg_view(), dyn, index)
+        return ("m", desc, t.is_conj(), t.is_neg()), index
     arr = box.arr
     dtype = t.dtype
     if arr is not None:
@@ -151,7 +170,11 @@ def _describe(t, dyn: list, index: int):
         return ("u", tuple(t.shape), dtype), index  # a never-written storage: reads as zeros
     else:
         shape = None
-    return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), t.storage_offset(), dtype), index
+    offset = t.storage_offset()
+    if offset:  # NOTE [Dynamic storage offsets]
+        dyn.append(offset)
+        offset = None
+    return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), offset, dtype), index
 
 
 def run(spec: OpSpec, args):
@@ -419,13 +442,13 @@ def _layout(size, stride):
 class _Entry:
     """One compiled computation and how to turn its results into tensors."""
 
-    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single", "used")
+    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single", "used", "write_order")
 
     def finish(self, args, results):
         if config.launch_blocking:
             jax.block_until_ready(results)
         if self.checks:
-            _raise_failed_checks(self.checks, results[-len(self.checks):])
+            _raise_failed_checks(self.checks, results[-len(self.checks) :])
         _last[self.index] = results
         single = self.single
         if single is not None:
@@ -457,11 +480,9 @@ class _Entry:
         return tuple(rets) if rets else None
 
     def _write_back(self, args, arrays):
-        groups = self.n_groups
-        it = iter(arrays)
-        for slot, t in enumerate(_write_targets(self.spec, args)):
-            if t is not None and (groups is None or groups[slot] == slot):
-                _storage.box_of(t).arr = next(it)
+        targets = list(_write_targets(self.spec, args))
+        for slot, arr in zip(self.write_order, arrays):
+            _storage.box_of(targets[slot]).arr = arr
 
 
 def _raise_failed_checks(checks, flags):
@@ -528,6 +549,8 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         metas = _meta_outputs(spec, args)
     except Exception as e:  # noqa: BLE001 (re-raised as the CPU's own error)
         raise _PyTorchError(_cpu_error(spec, args) or e) from None
+    if not spec.lowering.trust_meta:
+        metas = None  # the Meta kernel checked the arguments; its output shapes differ from CPU's
     if spec.inplace:
         fresh = []
     elif metas is None:
@@ -559,7 +582,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             values = results[:1]
         else:
             values = []
-            for i, r in zip(spec.writes, results[len(fresh):]):
+            for i, r in zip(spec.writes, results[len(fresh) :]):
                 values.extend(r if kinds[i] == TL else [r])
         current = {}
         order = []
@@ -571,8 +594,9 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
                 order.append(g)
                 current[g] = dyn[positions[pos]] if _has_array(k) else None
             v = _cast(v, t[0], t[1], spec)
-            current[g] = _write(current[g], k, v)
+            current[g] = _write(current[g], k, v, _offset(k, dyn, positions[pos]))
         outs.extend(current[g] for g in order)
+        entry.write_order = order  # the write slot (of each storage) whose box takes each array
         entry.checks = [(exc, msg) for _, _, exc, msg in ctx.checks]
         for flag, value, _, _ in ctx.checks:
             outs.append(jnp.stack([flag.astype(jnp.int64), value]))
@@ -616,13 +640,25 @@ def _slots(spec: OpSpec, arg_keys):
 
 def _has_array(k) -> bool:
     tag = k[0]
+    if tag == "m":
+        return _has_array(k[1])
     return not (tag == "u" or (tag == "v" and k[1] is None))
 
 
-def _write(arr, k, value):
+def _math_bits(value, conj: bool, neg: bool):
+    if conj:
+        value = jnp.conj(value)
+    if neg:
+        value = -value
+    return value
+
+
+def _write(arr, k, value, offset):
     """The storage array after writing ``value`` through the tensor described by ``k``."""
+    if k[0] == "m":  # storing v through a conjugate (negative) view stores conj(v) (-v)
+        return _write(arr, k[1], _math_bits(value, k[2], k[3]), offset)
     if k[0] == "v":
-        _, _, box_dtype, numel, size, stride, offset, dtype = k
+        _, _, box_dtype, numel, size, stride, _, dtype = k
         return _strided.write(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]), value)
     return value  # the tensor is its whole storage, in the array's shape
 
@@ -636,11 +672,26 @@ def _read(k, it):
         return next(it)
     if tag == "u":
         return jnp.zeros(k[1], _TO_NP[k[2]])
+    if tag == "m":
+        return _math_bits(_read(k[1], it), k[2], k[3])
     if tag == "v":
         _, shape, box_dtype, numel, size, stride, offset, dtype = k
         arr = next(it) if shape is not None else None
+        if offset is None:
+            offset = next(it)
         return _strided.read(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]))
     return next(it)
+
+
+def _offset(k, dyn, p):
+    """The storage offset of a written view: static, or its traced dyn entry."""
+    if k[0] == "m":
+        return _offset(k[1], dyn, p)
+    if k[0] != "v":
+        return 0
+    if k[6] is not None:
+        return k[6]
+    return dyn[p + 1] if k[1] is not None else dyn[p]
 
 
 def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):

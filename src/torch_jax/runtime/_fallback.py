@@ -95,6 +95,10 @@ class _ToCpu:
         flat = entry[1]
         base = flat if x.dtype == box.dtype else flat.view(x.dtype)
         c = base.as_strided(x.shape, x.stride(), x.storage_offset())
+        if x.is_conj():  # NOTE [Conjugate and negative views] (runtime/_executor.py)
+            c = c.conj()
+        if x.is_neg():
+            c = c._neg_view()
         self.pairs.append((x, c))
         return c
 
@@ -139,10 +143,11 @@ def _write_back(orig: Tensor, c: Tensor, to_cpu: _ToCpu, written: set) -> None:
             written.add(id(box))
             box.arr = _copy.upload(_dtypes.tensor_to_numpy(flat), box.index)
         return
-    # the CPU kernel resized or re-pointed the argument: do the same on the device
-    orig.resize_(c.shape)
-    if c.stride() != orig.stride():
-        orig.as_strided_(c.shape, c.stride())
+    # the CPU kernel resized or re-pointed the argument: give it the same layout on a
+    # storage of its own, then copy the values
+    numel = _storage.storage_numel(c.shape, c.stride(), c.storage_offset())
+    fresh = _storage.new_tensor([numel], orig.dtype, box.index)
+    orig.set_(fresh.untyped_storage(), c.storage_offset(), c.shape, c.stride())
     _copy.copy_(orig, c)
 
 
@@ -176,8 +181,14 @@ def _as_device_view(r: Tensor, to_cpu: _ToCpu):
     ptr = r.untyped_storage().data_ptr()
     for d, c in to_cpu.pairs:
         if c.untyped_storage().data_ptr() == ptr:
-            base = d if d.dtype == r.dtype else d.view(r.dtype)
-            return base.as_strided(r.shape, r.stride(), r.storage_offset())
+            base = d.resolve_conj().resolve_neg() if d.is_conj() or d.is_neg() else d
+            base = base if base.dtype == r.dtype else base.view(r.dtype)
+            view = base.as_strided(r.shape, r.stride(), r.storage_offset())
+            if r.is_conj():
+                view = view.conj()
+            if r.is_neg():
+                view = view._neg_view()
+            return view
     return None
 
 

@@ -116,7 +116,9 @@ def write_out(result, outs):
     results = result if isinstance(result, (tuple, list)) else (result,)
     for r, o in zip(results, outs):
         if not torch.can_cast(r.dtype, o.dtype):
-            raise RuntimeError(f"result type {_dtype_name(r.dtype)} can't be cast to the desired output type {_dtype_name(o.dtype)}")
+            raise RuntimeError(
+                f"result type {_dtype_name(r.dtype)} can't be cast to the desired output type {_dtype_name(o.dtype)}"
+            )
         if o.shape != r.shape:
             if o.numel() != 0:
                 warnings.warn(
@@ -134,9 +136,18 @@ def write_out(result, outs):
 
 def _dtype_name(dtype) -> str:
     return {
-        torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-        torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-        torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+        torch.int64: "Long",
+        torch.int32: "Int",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.bool: "Bool",
+        torch.complex64: "ComplexFloat",
+        torch.complex128: "ComplexDouble",
     }.get(dtype, str(dtype).replace("torch.", ""))
 
 

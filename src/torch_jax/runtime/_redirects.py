@@ -18,7 +18,9 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+def fused_sdp_choice(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
     """scaled_dot_product_attention asks the device which kernel to use: ours
     (_scaled_dot_product_fused_attention_overrideable, one fused XLA computation)."""
     return SDPBackend.OVERRIDEABLE.value

@@ -103,8 +103,8 @@ def set_source_storage_offset(self, source, storage_offset=0, size=(), stride=()
     storage = _storage_of(source)
     if storage.device.type != self.device.type:
         raise RuntimeError(
-            f"Attempted to set the storage of a tensor on device \"{self.device}\" to a storage on "
-            f"different device \"{storage.device}\".  This is no longer allowed; the devices must match."
+            f'Attempted to set the storage of a tensor on device "{self.device}" to a storage on '
+            f'different device "{storage.device}".  This is no longer allowed; the devices must match.'
         )
     stride = list(stride) if stride else _storage.contiguous_strides(size)
     needed = _storage.storage_numel(size, stride, storage_offset) * self.element_size()
@@ -151,9 +151,7 @@ def resize_(self, size, memory_format=None):
     # imports), so growing moves the tensor onto a new, larger storage holding the old
     # contents; other tensors viewing the old storage keep it (CPU would grow in place).
     if self.dtype != box.dtype:
-        raise RuntimeError(
-            f"torch_jax: resize_ cannot grow a {self.dtype} view of a {box.dtype} storage"
-        )
+        raise RuntimeError(f"torch_jax: resize_ cannot grow a {self.dtype} view of a {box.dtype} storage")
     old = box.arr
     if old is None:
         arr = None
@@ -179,4 +177,3 @@ def kernels():
         (aten.resize_.default, resize_),
     ]
     return pairs
-

@@ -124,7 +124,9 @@ class Template:
         ndim = len(size)
         self.dims = ctypes.create_string_buffer(struct.pack(f"<{2 * ndim}q", *size, *stride), 16 * ndim or 1)
         base = ctypes.addressof(self.dims)
-        self.tail = _HEADER.pack(0, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, base, base + 8 * ndim, 0, 0, _FREE)[8:]
+        self.tail = _HEADER.pack(0, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, base, base + 8 * ndim, 0, 0, _FREE)[
+            8:
+        ]
 
     def tensor(self, arr=None) -> torch.Tensor:
         """A new tensor over a new storage whose box holds ``arr``."""

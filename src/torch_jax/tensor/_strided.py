@@ -73,13 +73,17 @@ def _is_block(order, size, stride) -> bool:
     return all(size[cur] * stride[cur] == stride[prev] for prev, cur in zip(order, order[1:]))
 
 
-def _window(flat, offset: int, extent: int):
-    """flat[offset:offset + extent], zero-padded past the end."""
-    n = flat.shape[0]
-    stop = min(offset + extent, n)
-    win = lax.slice(flat, (offset,), (stop,))
-    if stop - offset < extent:
-        win = jnp.concatenate([win, jnp.zeros((extent - (stop - offset),), flat.dtype)])
+def _span(size, stride) -> int:
+    """Elements from a view's first element to its last, inclusive."""
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride) if n > 1)
+
+
+def _window(flat, offset, span: int, extent: int):
+    """The ``span`` elements of ``flat`` from ``offset`` on (``offset`` may be traced),
+    zero-padded to ``extent``."""
+    win = lax.dynamic_slice(flat, (offset,), (span,))
+    if extent > span:
+        win = jnp.concatenate([win, jnp.zeros((extent - span,), flat.dtype)])
     return win
 
 
@@ -101,8 +105,9 @@ def _linear_index(size, stride, offset: int):
     return idx
 
 
-def read_strided(flat, size, stride, offset: int):
-    """The logical array of the view (size, stride, offset) of a 1-D array."""
+def read_strided(flat, size, stride, offset):
+    """The logical array of the view (size, stride, offset) of a 1-D array; ``offset``
+    may be traced (NOTE [Dynamic storage offsets] in runtime/_executor.py)."""
     size = tuple(size)
     if math.prod(size) == 0:
         return jnp.zeros(size, flat.dtype)
@@ -113,9 +118,10 @@ def read_strided(flat, size, stride, offset: int):
     strides = [stride[d] for d in order]
     if _is_block(order, size, stride):
         count = math.prod(sizes)
-        block = lax.slice(flat, (offset,), (offset + count,)).reshape(sizes)
+        block = lax.dynamic_slice(flat, (offset,), (count,)).reshape(sizes)
         return _to_logical(block, order, size)
-    block = _window(flat, offset, sizes[0] * strides[0]).reshape(sizes[0], strides[0])
+    extent = sizes[0] * strides[0]
+    block = _window(flat, offset, _span(size, stride), extent).reshape(sizes[0], strides[0])
     for n, s in zip(sizes[1:], strides[1:]):
         block = block[..., : n * s].reshape(*block.shape[:-1], n, s)
     return _to_logical(block[..., 0], order, size)
@@ -126,7 +132,7 @@ def has_internal_overlap(size, stride) -> bool:
     return any(n > 1 and s == 0 for n, s in zip(size, stride))
 
 
-def write_strided(flat, size, stride, offset: int, value):
+def write_strided(flat, size, stride, offset, value):
     """``flat`` with the view (size, stride, offset) replaced by ``value`` (broadcast)."""
     size = tuple(size)
     if math.prod(size) == 0:
@@ -157,11 +163,11 @@ def write_strided(flat, size, stride, offset: int, value):
             data = data.reshape(*lead, sizes[k] * strides[k])
             mask = mask.reshape(*lead, sizes[k] * strides[k])
     extent = sizes[0] * strides[0]
+    span = _span(size, stride)
     data = data.reshape(extent)
     mask = mask.reshape(extent)
-    window = jnp.where(mask, data, _window(flat, offset, extent))
-    valid = min(extent, flat.shape[0] - offset)
-    return lax.dynamic_update_slice(flat, window[:valid], (offset,))
+    window = jnp.where(mask, data, _window(flat, offset, span, extent))
+    return lax.dynamic_update_slice(flat, window[:span], (offset,))
 
 
 def storage_in_units(arr, box_dtype: np.dtype, numel: int, dtype: np.dtype):

@@ -1,0 +1,321 @@
+"""The OpInfo conformance sweep: PyTorch's OpInfo database run on ``jax`` against CPU.
+
+One function, :func:`check`, runs every sample input of one OpInfo in one dtype on the
+device and on the CPU and compares them: outputs (values, dtype, shape), the in-place
+and ``out=`` variants, and for differentiable ops in float32/float64 the gradients.
+The test module and the coverage report both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import traceback
+
+import torch
+
+import torch_jax
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
+GRAD_DTYPES = (torch.float32, torch.float64)
+
+# OpInfo name (with variant) -> why it is not compared at all
+EXCLUDED = {
+    "as_strided.partial_views": "samples are views into a larger storage; copying a view to another device "
+    "copies only the view (as on CUDA), so the two runs see different storages",
+    "chalf": "complex32 has no JAX dtype (a documented unsupported dtype)",
+    "to_sparse": "sparse layouts are not supported on the jax device",
+    "sparse.sampled_addmm": "sparse layouts are not supported on the jax device",
+    "sparse.mm.reduce": "sparse layouts are not supported on the jax device",
+    "jiterator_unary": "jiterator is a CUDA-only feature",
+    "jiterator_binary": "jiterator is a CUDA-only feature",
+    "jiterator_binary_return_by_ref": "jiterator is a CUDA-only feature",
+    "jiterator_4inputs_with_extra_args": "jiterator is a CUDA-only feature",
+    "jiterator_2inputs_2outputs": "jiterator is a CUDA-only feature",
+}
+
+# ops whose results are random or uninitialized: only shapes and dtypes are compared
+RANDOM = {
+    "bernoulli", "normal", "normal.number_mean", "normal.in_place", "multinomial", "rand_like", "randn_like",
+    "randint", "randint_like", "uniform", "exponential", "geometric", "log_normal", "cauchy",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train", "nn.functional.feature_alpha_dropout.without_train",
+    "nn.functional.rrelu", "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+    "svd_lowrank", "pca_lowrank",
+    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted",
+    "torch.ops.aten._efficientzerotensor",
+}  # fmt: skip
+
+# (rtol, atol) overrides where results legitimately differ more than PyTorch's defaults:
+# XLA and oneDNN sum long convolutions in different orders
+TOLERANCE = {
+    ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
+    ("nn.functional.conv3d", torch.float32): (1e-4, 1e-4),
+    ("nn.functional.conv_transpose2d", torch.float32): (1e-4, 1e-4),
+    ("nn.functional.conv2d", torch.float32): (1e-4, 1e-4),
+}
+
+
+def name_of(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def opinfos():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return list(op_db)
+
+
+def supported(op, dtype) -> bool:
+    return dtype in op.supported_dtypes("cpu")
+
+
+def random_sample(name: str, sample) -> bool:
+    """Samples of deterministic ops that draw random numbers (attention dropout)."""
+    kw = sample.kwargs
+    if name == "nn.functional.multi_head_attention_forward":  # dropout_p is its 11th argument
+        return bool(kw.get("training")) and sample.args[9] > 0
+    return bool(kw.get("dropout_p", 0))
+
+
+@dataclasses.dataclass
+class Result:
+    """The outcome of one OpInfo in one dtype."""
+
+    op: str
+    dtype: str
+    status: str  # pass | fail | skip
+    samples: int = 0
+    message: str = ""
+    fallback_ops: dict = dataclasses.field(default_factory=dict)  # aten op -> calls through the CPU fallback
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def fallback_mode(mode: str):
+    before = torch_jax.config.fallback
+    torch_jax.config.fallback = mode
+    try:
+        yield
+    finally:
+        torch_jax.config.fallback = before
+
+
+def _cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu(y) for y in x)
+    return x
+
+
+def _cpu_sample(sample):
+    s = sample.transform(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t)
+    kwargs = {k: "cpu" if k == "device" else v for k, v in s.kwargs.items()}
+    return s.input, s.args, kwargs
+
+
+def compare(got, expected, *, random: bool, where: str, tol=None) -> None:
+    """``got`` (from the device) equals ``expected`` (from the CPU)."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise Mismatch(f"{where}: expected a tensor, got {type(got).__name__}")
+        if got.dtype != expected.dtype:
+            raise Mismatch(f"{where}: dtype {got.dtype} != {expected.dtype}")
+        if got.shape != expected.shape:
+            raise Mismatch(f"{where}: shape {tuple(got.shape)} != {tuple(expected.shape)}")
+        if expected.device.type == "cpu" and got.device.type != "jax" and expected.layout == torch.strided:
+            raise Mismatch(f"{where}: result on {got.device}, expected jax")
+        if not random:
+            rtol, atol = tol if tol is not None else (None, None)
+            try:
+                torch.testing.assert_close(
+                    got.cpu(), expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False
+                )
+            except AssertionError as e:
+                raise Mismatch(f"{where}: {e}") from None
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            raise Mismatch(f"{where}: expected a sequence of {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            compare(g, e, random=random, where=f"{where}[{i}]", tol=tol)
+    elif isinstance(expected, (bool, int, float, complex)) and not random:
+        try:
+            torch.testing.assert_close(got, expected, equal_nan=True)
+        except AssertionError as e:
+            raise Mismatch(f"{where}: {e}") from None
+
+
+def _raises_same(fn_cpu, fn_dev, where: str):
+    """Run both; if the CPU raises, the device must raise the same type. Returns
+    (expected, got) or None when both raised."""
+    try:
+        expected = fn_cpu()
+    except Exception as e:  # noqa: BLE001
+        try:
+            fn_dev()
+        except Exception as d:  # noqa: BLE001
+            if not isinstance(d, type(e)) and not isinstance(e, type(d)):
+                raise Mismatch(f"{where}: CPU raises {type(e).__name__}, jax raises {type(d).__name__}: {d}") from None
+            return None
+        raise Mismatch(f"{where}: CPU raises {type(e).__name__} ({e}), jax does not") from None
+    return expected, fn_dev()
+
+
+def _outputs(result):
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        return [r for r in result if isinstance(r, torch.Tensor)]
+    return []
+
+
+def check_sample(op, dtype, sample, *, name: str, index: int, grads: bool, variants: bool) -> None:
+    """Compare one sample input on the device with the CPU (raises Mismatch)."""
+    random = name in RANDOM or random_sample(name, sample)
+    tol = TOLERANCE.get((name, dtype))
+    where = f"{name} {str(dtype).replace('torch.', '')} sample {index}"
+    c_input, c_args, c_kwargs = _cpu_sample(sample)
+
+    def run_cpu(fn=op):
+        torch.manual_seed(0)
+        return fn(c_input, *c_args, **c_kwargs)
+
+    def run_dev(fn=op):
+        torch.manual_seed(0)
+        return fn(sample.input, *sample.args, **sample.kwargs)
+
+    pair = _raises_same(run_cpu, run_dev, where)
+    if pair is not None:
+        compare(pair[1], pair[0], random=random, where=where, tol=tol)
+    if not variants or random:
+        return
+    inplace = op.inplace_variant
+    if inplace is not None and isinstance(sample.input, torch.Tensor):
+
+        def run_inplace_cpu():
+            x = c_input.clone()
+            return inplace(x, *c_args, **c_kwargs), x
+
+        def run_inplace_dev():
+            x = sample.input.clone()
+            return inplace(x, *sample.args, **sample.kwargs), x
+
+        pair = _raises_same(run_inplace_cpu, run_inplace_dev, where + " in-place")
+        if pair is not None:
+            compare(pair[1][1], pair[0][1], random=False, where=where + " in-place (self)", tol=tol)
+    if op.supports_out:
+        _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where, tol)
+    if grads and dtype in GRAD_DTYPES and op.supports_autograd:
+        _check_grads(op, dtype, sample, where=where, tol=tol)
+
+
+def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol) -> None:
+    """The out= variant writes the same values into preallocated outputs."""
+    try:
+        expected = run_cpu()
+    except Exception:  # noqa: BLE001
+        return
+    if isinstance(expected, torch.Tensor):
+        out_cpu = torch.empty_like(expected)
+        out_dev = torch.empty_like(expected, device="jax")
+    elif isinstance(expected, tuple) and expected and all(isinstance(e, torch.Tensor) for e in expected):
+        out_cpu = tuple(torch.empty_like(e) for e in expected)
+        out_dev = tuple(torch.empty_like(e, device="jax") for e in expected)
+    else:
+        return
+
+    def cpu():
+        torch.manual_seed(0)
+        return op(c_input, *c_args, **c_kwargs, out=out_cpu)
+
+    def dev():
+        torch.manual_seed(0)
+        return op(sample.input, *sample.args, **sample.kwargs, out=out_dev)
+
+    if _raises_same(cpu, dev, where + " out=") is not None:
+        compare(out_dev, out_cpu, random=False, where=where + " out=", tol=tol)
+
+
+def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
+    """Gradients of a fixed projection of the outputs w.r.t. every differentiable input."""
+    def prepare(s, device):
+        leaves = []
+
+        def mark(t):
+            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point or (isinstance(t, torch.Tensor) and t.dtype.is_complex):
+                t = t.detach().to(device).requires_grad_(True)
+                leaves.append(t)
+                return t
+            if isinstance(t, torch.Tensor):
+                return t.to(device) if device == "cpu" else t
+            return t
+
+        s2 = s.transform(mark)
+        kwargs = {k: "cpu" if (k == "device" and device == "cpu") else v for k, v in s2.kwargs.items()}
+        return s2.input, s2.args, kwargs, leaves
+
+    results = []
+    for device in ("cpu", "jax"):
+        inp, args, kwargs, leaves = prepare(sample, device)
+        if not leaves:
+            return
+        torch.manual_seed(0)
+        out = op(inp, *args, **kwargs)
+        outs = [o for o in _outputs(out) if o.requires_grad]
+        if not outs:
+            return
+        total = 0
+        for i, o in enumerate(outs):
+            g = torch.linspace(-1, 1, o.numel(), dtype=torch.float64).reshape(o.shape).to(o.dtype)
+            if o.dtype.is_complex:
+                g = torch.complex(g.real, -g.real) if g.is_complex() else torch.complex(g, -g).to(o.dtype)
+            total = total + (o * g.to(o.device)).real.sum() if o.dtype.is_complex else total + (o * g.to(o.device)).sum()
+        grads = torch.autograd.grad(total, leaves, allow_unused=True)
+        results.append([None if g is None else g.detach().cpu() for g in grads])
+    for i, (gc, gj) in enumerate(zip(*results)):
+        if (gc is None) != (gj is None):
+            raise Mismatch(f"{where} grad[{i}]: one gradient is undefined")
+        if gc is not None:
+            compare(gj, gc, random=False, where=f"{where} grad[{i}]", tol=tol)
+
+
+def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="error") -> Result:
+    """Run one OpInfo in one dtype; the result says pass/fail/skip and which aten ops
+    ran through the CPU fallback."""
+    from torch_jax.runtime import _stats
+
+    name = name_of(op)
+    result = Result(name, str(dtype).replace("torch.", ""), "pass")
+    if name in EXCLUDED:
+        result.status, result.message = "skip", EXCLUDED[name]
+        return result
+    before = dict(_stats.fallback_ops)
+    with fallback_mode(fallback):
+        try:
+            samples = op.sample_inputs("jax", dtype, requires_grad=False)
+            for i, sample in enumerate(samples):
+                if max_samples is not None and i >= max_samples:
+                    break
+                check_sample(op, dtype, sample, name=name, index=i, grads=grads, variants=variants)
+                result.samples += 1
+        except Mismatch as e:
+            result.status, result.message = "fail", str(e)[:2000]
+        except Exception as e:  # noqa: BLE001
+            result.status = "fail"
+            result.message = f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])
+    result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
+    return result
