@@ -252,16 +252,17 @@ def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol) 
 
 def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
     """Gradients of a fixed projection of the outputs w.r.t. every differentiable input."""
+
     def prepare(s, device):
         leaves = []
 
         def mark(t):
-            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point or (isinstance(t, torch.Tensor) and t.dtype.is_complex):
-                t = t.detach().to(device).requires_grad_(True)
-                leaves.append(t)
+            if not isinstance(t, torch.Tensor):
                 return t
-            if isinstance(t, torch.Tensor):
-                return t.to(device) if device == "cpu" else t
+            t = t.detach().to(device)
+            if t.dtype.is_floating_point or t.dtype.is_complex:
+                t.requires_grad_(True)
+                leaves.append(t)
             return t
 
         s2 = s.transform(mark)
@@ -279,11 +280,12 @@ def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
         if not outs:
             return
         total = 0
-        for i, o in enumerate(outs):
-            g = torch.linspace(-1, 1, o.numel(), dtype=torch.float64).reshape(o.shape).to(o.dtype)
+        for o in outs:
+            g = torch.linspace(-1, 1, o.numel(), dtype=torch.float64).reshape(o.shape)
             if o.dtype.is_complex:
-                g = torch.complex(g.real, -g.real) if g.is_complex() else torch.complex(g, -g).to(o.dtype)
-            total = total + (o * g.to(o.device)).real.sum() if o.dtype.is_complex else total + (o * g.to(o.device)).sum()
+                g = torch.complex(g, -g)
+            term = o * g.to(o.dtype).to(o.device)
+            total = total + (term.real.sum() if o.dtype.is_complex else term.sum())
         grads = torch.autograd.grad(total, leaves, allow_unused=True)
         results.append([None if g is None else g.detach().cpu() for g in grads])
     for i, (gc, gj) in enumerate(zip(*results)):
@@ -316,6 +318,8 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
             result.status, result.message = "fail", str(e)[:2000]
         except Exception as e:  # noqa: BLE001
             result.status = "fail"
-            result.message = f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])
+            result.message = (
+                f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])
+            )
     result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
     return result
