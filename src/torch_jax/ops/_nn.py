@@ -26,13 +26,17 @@ def _f32(x):
 @lower(aten._softmax.default)
 def softmax(x, dim, half_to_float):
     out = _context.out_dtype()
-    return jax.nn.softmax(_f32(x), axis=dim).astype(out) if x.ndim else jnp.ones_like(x, out)
+    if x.ndim == 0:  # exp(x - x): NaN for infinite x, as on CPU
+        return jnp.exp(_f32(x) - _f32(x)).astype(out)
+    return jax.nn.softmax(_f32(x), axis=dim).astype(out)
 
 
 @lower(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
     out = _context.out_dtype()
-    return jax.nn.log_softmax(_f32(x), axis=dim).astype(out) if x.ndim else jnp.zeros_like(x, out)
+    if x.ndim == 0:
+        return (_f32(x) - _f32(x)).astype(out)
+    return jax.nn.log_softmax(_f32(x), axis=dim).astype(out)
 
 
 @lower(aten._softmax_backward_data.default)

@@ -1,0 +1,1 @@
+"""Command-line reports: ``python -m torch_jax.report coverage``."""

@@ -100,7 +100,13 @@ def _expand_masks(self, indices):
     return out
 
 
+def _on_device(self, indices):
+    """Index tensors may be on the CPU (as with CUDA): they move to ``self``'s device."""
+    return [i.to(self.device) if i is not None and i.is_cpu else i for i in indices]
+
+
 def index(self, indices):
+    indices = _on_device(self, indices)
     if _has_mask(indices):
         indices = _expand_masks(self, indices)
     return _executor.run(_executor.SPECS[aten.index.Tensor], (self, list(indices)))
@@ -115,6 +121,7 @@ def _where_fast(self, indices, values) -> bool:
 
 
 def index_put_(self, indices, values, accumulate=False):
+    indices = _on_device(self, indices)
     if _has_mask(indices):
         if not accumulate and _where_fast(self, indices, values):
             mask = indices[0].reshape(tuple(indices[0].shape) + (1,) * (self.dim() - indices[0].dim()))

@@ -206,6 +206,8 @@ def box_of(t: torch.Tensor) -> Box:
     try:
         return t.untyped_storage()._box
     except AttributeError:
+        if t.device.type != torch._C._get_privateuse1_backend_name():
+            raise RuntimeError(f"torch_jax: expected a jax tensor, got one on {t.device}") from None
         raise RuntimeError(
             "torch_jax: this jax tensor has no storage payload (was it created by a path that "
             "bypasses the jax allocator, e.g. torch.UntypedStorage(n, device='jax')?)"
