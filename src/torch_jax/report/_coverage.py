@@ -71,7 +71,9 @@ def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progres
             r = _sweep.check(op, dtype, max_samples=max_samples, grads=grads, variants=variants, fallback="silent")
             results.append(r)
         if progress:
-            print(f"\r[{n + 1}/{len(ops)}] {_sweep.name_of(op):50s} {time.time() - start:7.0f}s", end="", file=sys.stderr)
+            print(
+                f"\r[{n + 1}/{len(ops)}] {_sweep.name_of(op):50s} {time.time() - start:7.0f}s", end="", file=sys.stderr
+            )
     if progress:
         print(file=sys.stderr)
     return results
@@ -150,7 +152,13 @@ def markdown(summary, results, meta) -> str:
     missing = sorted(k for k, v in core.items() if v == "not lowered")
     if missing:
         lines += ["", "Core ATen overloads without a lowering: " + ", ".join(f"`{m}`" for m in missing)]
-    lines += ["", "## Aten ops that ran through the CPU fallback", "", "| aten op | (OpInfo, dtype) pairs |", "| --- | --- |"]
+    lines += [
+        "",
+        "## Aten ops that ran through the CPU fallback",
+        "",
+        "| aten op | (OpInfo, dtype) pairs |",
+        "| --- | --- |",
+    ]
     lines += [f"| `{op}` | {n} |" for op, n in summary["fallback_ops"].items()]
     failing = [r for r in results if r.status == "fail"]
     lines += ["", "## Failing pairs", ""]

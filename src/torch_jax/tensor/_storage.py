@@ -12,9 +12,13 @@ NOTE [DLPack tensor creation]: a TensorImpl is made by handing PyTorch a DLPack
 capsule with device type kDLExtDev, which PyTorch maps to PrivateUse1 with any device
 index. The capsule's data pointer is a fake address, unique per storage and never
 dereferenced, so that ``data_ptr()`` and the overlap checks that compare address
-ranges behave as on CPU, and ``untyped_storage().nbytes()`` is right. The capsule's
-memory is freed by libc ``free`` as its deleter (a Python callback as deleter crashes
-at interpreter exit).
+ranges behave as on CPU, and ``untyped_storage().nbytes()`` is right. PyTorch copies
+what it needs out of the capsule when it imports it and later only calls the capsule's
+deleter (with the capsule's address) when the storage dies. So the capsule header is
+one buffer per thread, rewritten for each import and never freed, whose deleter is libc
+``labs``: a C function that ignores its argument and touches no memory (a Python
+callback as deleter crashes at interpreter exit; ``free`` would need a fresh malloc per
+tensor).
 """
 
 from __future__ import annotations
@@ -28,10 +32,7 @@ import torch
 from torch_jax.tensor import _dtypes
 
 _libc = ctypes.CDLL(None)
-_malloc = _libc.malloc
-_malloc.restype = ctypes.c_void_p
-_malloc.argtypes = [ctypes.c_size_t]
-_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
+_NO_OP_DELETER = ctypes.cast(_libc.labs, ctypes.c_void_p).value
 _memmove = ctypes.memmove
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
@@ -124,21 +125,32 @@ class Template:
         ndim = len(size)
         self.dims = ctypes.create_string_buffer(struct.pack(f"<{2 * ndim}q", *size, *stride), 16 * ndim or 1)
         base = ctypes.addressof(self.dims)
-        self.tail = _HEADER.pack(0, _KDL_EXT_DEV, index, ndim, code[0], code[1], 1, base, base + 8 * ndim, 0, 0, _FREE)[
-            8:
-        ]
+        fields = (_KDL_EXT_DEV, index, ndim, code[0], code[1], 1, base, base + 8 * ndim, 0, 0, _NO_OP_DELETER)
+        self.tail = _HEADER.pack(0, *fields)[8:]
 
     def tensor(self, arr=None) -> torch.Tensor:
         """A new tensor over a new storage whose box holds ``arr``."""
-        mem = _malloc(_HEADER.size)
-        if not mem:
-            raise MemoryError("torch_jax: malloc failed for a tensor header")
+        try:
+            mem = _headers.addr
+        except AttributeError:
+            mem = _new_header()
         _memmove(mem, _fake_address(self.nbytes).to_bytes(8, "little") + self.tail, _HEADER.size)
         t = _from_dlpack(_capsule_new(mem, b"dltensor", None))
         if self.view_dtype is not None:
             t = torch.ops.aten.view.dtype(t, self.view_dtype)
         t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index)
         return t
+
+
+_headers = threading.local()
+_all_headers: list = []  # never freed: PyTorch reads a header's deleter when its storage dies
+
+
+def _new_header() -> int:
+    buf = ctypes.create_string_buffer(_HEADER.size)
+    _all_headers.append(buf)
+    _headers.addr = ctypes.addressof(buf)
+    return _headers.addr
 
 
 _templates: dict = {}
