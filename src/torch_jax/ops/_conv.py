@@ -32,41 +32,29 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nd = x.ndim - 2
     stride, padding = _expand(stride, nd), _expand(padding, nd)
     dilation, output_padding = _expand(dilation, nd), _expand(output_padding, nd)
-    acc = jnp.float32 if x.dtype in _LOW else None
-    precision = _PRECISION[torch.get_float32_matmul_precision()]
-    dn = _dimension_numbers(nd)
     if not transposed:
-        y = lax.conv_general_dilated(
-            x,
-            w,
-            window_strides=stride,
-            padding=[(p, p) for p in padding],
-            rhs_dilation=dilation,
-            dimension_numbers=dn,
-            feature_group_count=groups,
-            precision=precision,
-            preferred_element_type=acc,
-        )
-        return y.astype(x.dtype)
-    # transposed: weight is (C_in, C_out / groups, k...); convolve the stride-dilated
-    # input with the flipped kernel, in/out channels swapped within each group
-    c_in, c_out_g = w.shape[0], w.shape[1]
-    k = w.shape[2:]
-    wt = w.reshape((groups, c_in // groups, c_out_g) + k)
-    wt = jnp.swapaxes(wt, 1, 2).reshape((groups * c_out_g, c_in // groups) + k)
-    wt = jnp.flip(wt, axis=tuple(range(2, 2 + nd)))
-    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+        lhs, rhs, window_strides, pads, lhs_dilation = x, w, stride, [(p, p) for p in padding], None
+    else:
+        # weight is (C_in, C_out / groups, k...): convolve the stride-dilated input with
+        # the flipped kernel, in/out channels swapped within each group
+        c_in, c_out_g = w.shape[0], w.shape[1]
+        k = w.shape[2:]
+        rhs = w.reshape((groups, c_in // groups, c_out_g) + k)
+        rhs = jnp.swapaxes(rhs, 1, 2).reshape((groups * c_out_g, c_in // groups) + k)
+        rhs = jnp.flip(rhs, axis=tuple(range(2, 2 + nd)))
+        lhs, window_strides, lhs_dilation = x, [1] * nd, stride
+        pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     y = lax.conv_general_dilated(
-        x,
-        wt,
-        window_strides=[1] * nd,
+        lhs,
+        rhs,
+        window_strides=window_strides,
         padding=pads,
-        lhs_dilation=stride,
+        lhs_dilation=lhs_dilation,
         rhs_dilation=dilation,
-        dimension_numbers=dn,
+        dimension_numbers=_dimension_numbers(nd),
         feature_group_count=groups,
-        precision=precision,
-        preferred_element_type=acc,
+        precision=_PRECISION[torch.get_float32_matmul_precision()],
+        preferred_element_type=jnp.float32 if x.dtype in _LOW else None,
     )
     return y.astype(x.dtype)
 

@@ -71,19 +71,20 @@ def prod_all(x, dtype=None):
     return cast(jnp.prod(_acc(x, out)), out)
 
 
-def _nan_max(x, axis, keepdims):
-    # PyTorch's max/min propagate NaN
+def _extreme(x, axis, keepdims, largest: bool):
+    """max/min that propagate NaN, as PyTorch's do."""
+    r = (jnp.max if largest else jnp.min)(x, axis=axis, keepdims=keepdims)
     if jnp.issubdtype(x.dtype, jnp.floating):
-        r = jnp.max(x, axis=axis, keepdims=keepdims)
-        return jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims), jnp.nan, r)
-    return jnp.max(x, axis=axis, keepdims=keepdims)
+        r = jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims), jnp.nan, r)
+    return r
+
+
+def _nan_max(x, axis, keepdims):
+    return _extreme(x, axis, keepdims, True)
 
 
 def _nan_min(x, axis, keepdims):
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        r = jnp.min(x, axis=axis, keepdims=keepdims)
-        return jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims), jnp.nan, r)
-    return jnp.min(x, axis=axis, keepdims=keepdims)
+    return _extreme(x, axis, keepdims, False)
 
 
 @lower(aten.amax.default)
@@ -138,24 +139,25 @@ def argmin(x, dim=None, keepdim=False):
     return _arg_extreme(x, dim, keepdim, False)
 
 
-@lower(aten.max.dim)
-def max_dim(x, dim, keepdim=False):
-    idx = _arg_extreme(x, dim, True, True)
-    d = dim % max(x.ndim, 1)
-    vals = jnp.take_along_axis(x, idx, axis=d) if x.ndim else x
-    if not keepdim and x.ndim:
+def _extreme_dim(x, dim, keepdim, largest: bool):
+    idx = _arg_extreme(x, dim, True, largest)
+    if x.ndim == 0:
+        return x, idx
+    d = dim % x.ndim
+    vals = jnp.take_along_axis(x, idx, axis=d)
+    if not keepdim:
         vals, idx = jnp.squeeze(vals, d), jnp.squeeze(idx, d)
     return vals, idx
+
+
+@lower(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _extreme_dim(x, dim, keepdim, True)
 
 
 @lower(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
-    idx = _arg_extreme(x, dim, True, False)
-    d = dim % max(x.ndim, 1)
-    vals = jnp.take_along_axis(x, idx, axis=d) if x.ndim else x
-    if not keepdim and x.ndim:
-        vals, idx = jnp.squeeze(vals, d), jnp.squeeze(idx, d)
-    return vals, idx
+    return _extreme_dim(x, dim, keepdim, False)
 
 
 @lower(aten.var.correction)

@@ -90,6 +90,15 @@ def index_select(x, dim, index):
     return jnp.take(x, index.astype(jnp.int64).reshape(-1), axis=dim, mode="clip")
 
 
+def _check_in_range(index, n: int, dim: int):
+    """gather/scatter's error for an index outside [0, n) (no negative indices)."""
+    bad = (index < 0) | (index >= n)
+    first = jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0
+    _context.check(
+        jnp.any(bad), RuntimeError, f"index {{value}} is out of bounds for dimension {dim} with size {n}", first
+    )
+
+
 def _dim_grid(index, dim):
     """Full index grids for gather/scatter: the index along ``dim``, iota elsewhere."""
     grids = []
@@ -104,13 +113,7 @@ def gather(x, dim, index, sparse_grad=False):
         return jnp.broadcast_to(x, index.shape)
     dim = dim % x.ndim
     n = x.shape[dim]
-    bad = (index < 0) | (index >= n)
-    _context.check(
-        jnp.any(bad),
-        RuntimeError,
-        f"index {{value}} is out of bounds for dimension {dim} with size {n}",
-        jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0,
-    )
+    _check_in_range(index, n, dim)
     idx = index.astype(jnp.int64)
     return x[_dim_grid(idx, dim)] if idx.size else jnp.zeros(idx.shape, x.dtype)
 
@@ -122,13 +125,7 @@ def _scatter(x, dim, index, src, reduce=None):
         return _scatter(x, 0, index, src, reduce).reshape(())
     dim = dim % x.ndim
     n = x.shape[dim]
-    bad = (index < 0) | (index >= n)
-    _context.check(
-        jnp.any(bad),
-        RuntimeError,
-        f"index {{value}} is out of bounds for dimension {dim} with size {n}",
-        jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0,
-    )
+    _check_in_range(index, n, dim)
     if index.size == 0:
         return x
     src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else src[tuple(slice(0, s) for s in index.shape)]
