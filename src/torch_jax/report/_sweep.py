@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import traceback
+import warnings
 
 import torch
 
@@ -319,7 +320,9 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
         result.status, result.message = "skip", EXCLUDED[name]
         return result
     before = dict(_stats.fallback_ops)
-    with fallback_mode(fallback):
+    # OpInfo samples call deprecated PyTorch APIs, which warn on both devices alike
+    with fallback_mode(fallback), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             samples = op.sample_inputs("jax", dtype, requires_grad=False)
             for i, sample in enumerate(samples):
