@@ -33,6 +33,17 @@ def test_autoload_registers_the_device_without_importing_jax():
     assert out.splitlines() == ["False True jax", "jax:0 [0.0, 2.0, 4.0] True"]
 
 
+def test_importing_torch_jax_before_torch():
+    out = _run(
+        """
+        import torch_jax
+        import torch
+        print(torch.ones(2, device="jax").sum().item())
+        """
+    )
+    assert out == "2.0"
+
+
 def test_autoload_can_be_switched_off():
     out = _run(
         """

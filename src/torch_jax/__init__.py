@@ -7,17 +7,21 @@ first use of the device.
 
 from __future__ import annotations
 
-from torch_jax._config import Config, config
-from torch_jax._warnings import FallbackWarning
-from torch_jax.device._registration import initialize, register
+
+def _autoload() -> None:
+    """Entry point PyTorch calls on ``import torch`` (group ``torch.backends``).
+
+    Defined before anything imports torch: when ``import torch_jax`` comes first, its
+    ``import torch`` runs this entry point while torch_jax is still half-imported."""
+
+
+from torch_jax._config import Config, config  # noqa: E402
+from torch_jax._warnings import FallbackWarning  # noqa: E402
+from torch_jax.device._registration import initialize, register  # noqa: E402
 
 __version__ = "0.1.0"
 
 register()
-
-
-def _autoload() -> None:
-    """Entry point PyTorch calls on ``import torch`` (group ``torch.backends``)."""
 
 
 def stats() -> dict:
