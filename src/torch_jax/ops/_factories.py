@@ -51,27 +51,72 @@ def eye_square(n, dtype=None, layout=None, device=None, pin_memory=None):
 @lower(aten.linspace.default, static=("start", "end"))
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     out = _context.out_dtype()
-    if steps == 1:
-        return jnp.full((1,), start, out)
-    # PyTorch fills the first half from start and the second half from end
-    step = (end - start) / (steps - 1)
-    i = jnp.arange(steps, dtype=jnp.float64)
-    half = steps // 2
-    vals = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+    vals = _linspace_values(start, end, steps)
     if np.issubdtype(out, np.integer):
         return jnp.trunc(vals).astype(out)
     return vals.astype(out)
 
 
+def _linspace_values(start, end, steps):
+    """linspace in double; PyTorch fills the first half from start and the second from end."""
+    if steps == 1:
+        return jnp.full((1,), start, jnp.float64)
+    step = (end - start) / max(steps - 1, 1)
+    i = jnp.arange(steps, dtype=jnp.float64)
+    half = steps // 2
+    return jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+
+
+@lower(aten.logspace.default, static=("start", "end", "base"))
+def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
+    out = _context.out_dtype()
+    if not np.issubdtype(out, np.integer):
+        return jnp.power(jnp.float64(base), _linspace_values(start, end, steps)).astype(out)
+    # integer outputs: the CPU kernel converts start and end to the dtype first (wrapping),
+    # and the powers through int64 (wrapping again)
+    start, end = (int(np.array(int(v)).astype(out)) for v in (start, end))
+    vals = jnp.power(jnp.float64(base), _linspace_values(start, end, steps))
+    # out of int64's range the x86 conversion gives INT64_MIN (XLA's would saturate)
+    wide = jnp.where(jnp.abs(vals) < 2.0**63, jnp.trunc(vals), -(2.0**63)).astype(jnp.int64)
+    return wide.astype(out)
+
+
+@lower(aten._efficientzerotensor.default)
+def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    # autograd's zero gradients (sgn, view_as_real...); a plain zero tensor behaves the same
+    return jnp.zeros(tuple(size), _context.out_dtype())
+
+
 # ---------------------------------------------------------------- random
 
 
-def _uniform(shape, dtype, low, high):
-    key = _context.rng_key()
+def _acc(dtype):
+    """The dtype random numbers are drawn in: float32 for the half types, the real part's
+    dtype for complex (real and imaginary parts are drawn independently, as on CPU)."""
+    dtype = np.dtype(dtype)
     if dtype in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
-        u = jax.random.uniform(key, shape, jnp.float32)
-    else:
-        u = jax.random.uniform(key, shape, dtype)
+        return np.dtype(np.float32)
+    if np.issubdtype(dtype, np.complexfloating):
+        return np.dtype(np.float64 if dtype == np.complex128 else np.float32)
+    return dtype
+
+
+def _draw(sample, shape, dtype):
+    """``sample(key, shape, acc)`` as ``dtype``; complex dtypes draw both parts."""
+    key = _context.rng_key()
+    acc = _acc(dtype)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        parts = sample(key, (*shape, 2), acc)
+        return jax.lax.complex(parts[..., 0], parts[..., 1]).astype(dtype)
+    return sample(key, shape, acc)
+
+
+def _uniform(shape, dtype, low, high):
+    u = _draw(jax.random.uniform, shape, dtype)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        re = low + (high - low) * u.real
+        im = low + (high - low) * u.imag
+        return jax.lax.complex(re, im).astype(dtype)
     return (low + (high - low) * u).astype(dtype)
 
 
@@ -125,8 +170,28 @@ def bernoulli(p, generator=None):
 
 @lower(aten.exponential_.default, random=True)
 def exponential_(x, lambd=1.0, generator=None):
-    acc = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    acc = _acc(x.dtype)
     return (jax.random.exponential(_context.rng_key(), x.shape, acc) / lambd).astype(x.dtype)
+
+
+@lower(aten.cauchy_.default, random=True)
+def cauchy_(x, median=0.0, sigma=1.0, generator=None):
+    z = jax.random.cauchy(_context.rng_key(), x.shape, _acc(x.dtype))
+    return (median + sigma * z).astype(x.dtype)
+
+
+@lower(aten.log_normal_.default, random=True)
+def log_normal_(x, mean=1.0, std=2.0, generator=None):
+    z = jax.random.normal(_context.rng_key(), x.shape, _acc(x.dtype))
+    return jnp.exp(mean + std * z).astype(x.dtype)
+
+
+@lower(aten.geometric_.default, random=True)
+def geometric_(x, p, generator=None):
+    # the number of Bernoulli(p) trials up to the first success: ceil(log(u) / log(1 - p))
+    u = jax.random.uniform(_context.rng_key(), x.shape, jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
+    u = jnp.maximum(u, jnp.finfo(u.dtype).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(x.dtype)
 
 
 def _random_ints(shape, dtype, low, high):

@@ -61,7 +61,7 @@ def _composite(op) -> bool:
 
 
 def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progress=True):
-    ops = [op for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names or op.name in names]
+    ops = [op for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names]
     results = []
     start = time.time()
     for n, op in enumerate(ops):
@@ -77,6 +77,39 @@ def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progres
     if progress:
         print(file=sys.stderr)
     return results
+
+
+def run_parallel(jobs, dtypes, names, max_samples, grads, variants):
+    """``run`` split over ``jobs`` worker processes (each a fresh interpreter with its own
+    JAX runtime), OpInfos dealt round-robin; the results come back through JSON files."""
+    import subprocess
+    import tempfile
+
+    all_names = [_sweep.name_of(op) for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for j in range(jobs):
+            share = all_names[j::jobs]
+            cmd = [sys.executable, "-m", "torch_jax.report", "coverage", "--jobs", "1", "--quiet"]
+            cmd += ["--out", os.path.join(tmp, str(j)), "--dtypes", ",".join(_dtype_name(d) for d in dtypes)]
+            cmd += ["--ops", ",".join(share)]
+            if max_samples is not None:
+                cmd += ["--max-samples", str(max_samples)]
+            cmd += [] if grads else ["--no-grads"]
+            cmd += [] if variants else ["--no-variants"]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        results = []
+        for j, proc in enumerate(procs):
+            if proc.wait() != 0:
+                raise RuntimeError(f"coverage worker {j} failed with exit status {proc.returncode}")
+            with open(os.path.join(tmp, str(j), "coverage.json")) as f:
+                results += [_sweep.Result(**r) for r in json.load(f)["results"]]
+    order = {n: i for i, n in enumerate(all_names)}
+    return sorted(results, key=lambda r: order.get(r.op, -1))
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def summarize(results, dtypes):
@@ -160,6 +193,7 @@ def markdown(summary, results, meta) -> str:
         "| --- | --- |",
     ]
     lines += [f"| `{op}` | {n} |" for op, n in summary["fallback_ops"].items()]
+    lines += _matrix(results, meta["dtypes"])
     failing = [r for r in results if r.status == "fail"]
     lines += ["", "## Failing pairs", ""]
     if not failing:
@@ -175,6 +209,30 @@ def markdown(summary, results, meta) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKS = {"native": "ok", "fallback": "fb", "fail": "FAIL", "skip": "excl"}
+
+
+def _matrix(results, dtypes):
+    """One row per OpInfo, one column per dtype: how each pair ran."""
+    by_op = collections.defaultdict(dict)
+    for r in results:
+        how = "fallback" if r.status == "pass" and r.fallback_ops else "native" if r.status == "pass" else r.status
+        by_op[r.op][r.dtype] = MARKS[how]
+    lines = [
+        "",
+        "## Every OpInfo, per dtype",
+        "",
+        "`ok`: matches the CPU with no CPU fallback; `fb`: matches with some op through the CPU fallback; "
+        "`FAIL`: does not match; `excl`: excluded (reason below); blank: the CPU does not support the dtype.",
+        "",
+        "| OpInfo | " + " | ".join(dtypes) + " |",
+        "| --- |" + " --- |" * len(dtypes),
+    ]
+    for op, row in by_op.items():
+        lines.append(f"| {op} | " + " | ".join(row.get(d, "") for d in dtypes) + " |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_jax.report coverage")
     parser.add_argument("--dtypes", default=",".join(str(d).replace("torch.", "") for d in _sweep.DTYPES))
@@ -183,10 +241,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-grads", action="store_true")
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--out", default="docs", help="folder for COVERAGE.md and coverage.json")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
+    parser.add_argument("--quiet", action="store_true", help="write the files, print nothing")
     args = parser.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     names = set(args.ops.split(",")) if args.ops else None
-    results = run(dtypes, names, args.max_samples, not args.no_grads, not args.no_variants)
+    if args.jobs > 1:
+        results = run_parallel(args.jobs, dtypes, names, args.max_samples, not args.no_grads, not args.no_variants)
+    else:
+        results = run(dtypes, names, args.max_samples, not args.no_grads, not args.no_variants, not args.quiet)
     summary = summarize(results, dtypes)
     import jax
 
@@ -205,5 +268,6 @@ def main(argv=None) -> int:
         f.write(md)
     with open(os.path.join(args.out, "coverage.json"), "w") as f:
         json.dump({"meta": meta, "summary": summary, "results": [r.__dict__ for r in results]}, f, indent=1)
-    print(md)
+    if not args.quiet:
+        print(md)
     return 0

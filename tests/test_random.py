@@ -1,0 +1,95 @@
+"""Random ops on jax: the OpInfo sweep can only compare their shapes and dtypes (the
+numbers differ from the CPU's by design), so here each one draws many numbers and its
+statistics are checked against the distribution's moments, with tolerances of about
+five standard errors. Every op is also reproducible under ``torch.manual_seed`` and
+gives new numbers on the next call."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+N = 40_000
+
+
+def _fill(method, *args, dtype=torch.float32, **kwargs):
+    return lambda: getattr(torch.empty(N, device="jax", dtype=dtype), method)(*args, **kwargs)
+
+
+# name -> (draw, expected mean, expected std); None where a moment does not exist
+CASES = {
+    "uniform_": (_fill("uniform_", -2.0, 4.0), 1.0, 6 / math.sqrt(12)),
+    "uniform_f64": (_fill("uniform_", dtype=torch.float64), 0.5, 1 / math.sqrt(12)),
+    "uniform_bf16": (_fill("uniform_", dtype=torch.bfloat16), 0.5, 1 / math.sqrt(12)),
+    "normal_": (_fill("normal_", 3.0, 2.0), 3.0, 2.0),
+    "normal_f16": (_fill("normal_", dtype=torch.float16), 0.0, 1.0),
+    "normal_tensor": (lambda: torch.normal(torch.full((N,), 5.0, device="jax"), 0.5), 5.0, 0.5),
+    "exponential_": (_fill("exponential_", 2.0), 0.5, 0.5),
+    "log_normal_": (_fill("log_normal_", 0.0, 0.5), math.exp(0.125), math.sqrt((math.exp(0.25) - 1) * math.exp(0.25))),
+    "geometric_": (_fill("geometric_", 0.25), 4.0, math.sqrt(0.75) / 0.25),
+    "bernoulli_": (_fill("bernoulli_", 0.3), 0.3, math.sqrt(0.21)),
+    "bernoulli": (lambda: torch.bernoulli(torch.full((N,), 0.7, device="jax")), 0.7, math.sqrt(0.21)),
+    "random_": (_fill("random_", 0, 10, dtype=torch.int64), 4.5, math.sqrt(99 / 12)),
+    "randint": (lambda: torch.randint(-3, 4, (N,), device="jax"), 0.0, 2.0),
+    "rand": (lambda: torch.rand(N, device="jax"), 0.5, 1 / math.sqrt(12)),
+    "randn": (lambda: torch.randn(N, device="jax", dtype=torch.float64), 0.0, 1.0),
+    "dropout": (lambda: torch.nn.functional.dropout(torch.ones(N, device="jax"), 0.25), 1.0, math.sqrt(1 / 3)),
+    "multinomial": (
+        lambda: torch.multinomial(torch.tensor([1.0, 2.0, 7.0], device="jax"), N, replacement=True),
+        0.1 * 0 + 0.2 * 1 + 0.7 * 2,
+        math.sqrt(0.2 + 0.7 * 4 - 1.6**2),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_moments(name):
+    draw, mean, std = CASES[name]
+    x = draw()
+    assert x.device.type == "jax" and x.shape == (N,)
+    v = x.cpu().double()
+    assert abs(v.mean().item() - mean) < 5 * std / math.sqrt(N) + 1e-3 * abs(mean), f"mean {v.mean().item()}"
+    assert abs(v.std().item() - std) < 0.05 * std, f"std {v.std().item()}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reproducible_and_fresh(name):
+    draw = CASES[name][0]
+    torch.manual_seed(7)
+    a = draw().cpu()
+    b = draw().cpu()
+    torch.manual_seed(7)
+    assert torch.equal(draw().cpu(), a), "the same seed gives the same numbers"
+    assert not torch.equal(a, b), "the next call gives new numbers"
+
+
+def test_cauchy_quantiles():
+    """Cauchy has no mean: check its median and quartiles (median +- sigma)."""
+    x = torch.empty(N, device="jax").cauchy_(1.0, 2.0).cpu().double()
+    q = torch.quantile(x, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    torch.testing.assert_close(q, torch.tensor([-1.0, 1.0, 3.0], dtype=torch.float64), atol=0.1, rtol=0)
+
+
+def test_complex_uniform_draws_both_parts():
+    x = torch.empty(N, device="jax", dtype=torch.complex64).uniform_(0, 1).cpu()
+    for part in (x.real, x.imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.mean() - 0.5) < 0.01
+    assert abs(torch.corrcoef(torch.stack([x.real, x.imag]))[0, 1]) < 0.03
+
+
+def test_multinomial_without_replacement_is_a_sample_without_repeats():
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]] * 2000, device="jax")
+    idx = torch.multinomial(probs, 3).cpu()
+    assert all(len(set(row.tolist())) == 3 for row in idx)
+    assert (idx != 0).all(), "a zero-probability category is never drawn"
+    first = torch.bincount(idx[:, 0], minlength=5).double() / len(idx)
+    torch.testing.assert_close(first, torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4], dtype=torch.float64), atol=0.04, rtol=0)
+
+
+def test_randperm_is_a_uniform_permutation():
+    firsts = torch.stack([torch.randperm(4, device="jax")[0] for _ in range(400)]).cpu()
+    counts = torch.bincount(firsts, minlength=4)
+    assert counts.min() > 60, counts
