@@ -49,7 +49,11 @@ class tracing:
 
 
 def out_dtype(i: int = 0) -> np.dtype:
-    return current().out_dtypes[i]
+    ctx = current()
+    if ctx.out_dtypes is None:
+        # the executor only knows output dtypes from the op's Meta kernel
+        raise RuntimeError(f"torch_jax: {ctx.op} has no Meta kernel, so its lowering cannot ask for out_dtype()")
+    return ctx.out_dtypes[i]
 
 
 def check(bad, exc_type, message: str, value=None) -> None:

@@ -554,7 +554,9 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     if spec.inplace:
         fresh = []
     elif metas is None:
-        shaped = jax.eval_shape(lambda *d: call_lowering(d, None)[0][: spec.n_fresh or None], *dyn)
+        shaped = jax.eval_shape(
+            lambda *d: call_lowering(d, None)[0][: None if spec.returns_list else (spec.n_fresh or None)], *dyn
+        )
         fresh = [(tuple(a.shape), _storage.contiguous_strides(a.shape), _dtypes.to_torch(a.dtype)) for a in shaped]
     else:
         # None: an undefined tensor; ("value", v): a non-tensor return (an int)

@@ -50,12 +50,13 @@ def _inplace_variant(op):
 
 def _out_variant(op):
     packet = getattr(aten, op._schema.name.split("::")[1])
-    want = _signature(op, skip=_TENSOR_OPTIONS)
     for name in packet.overloads():
         cand = getattr(packet, name)
         if cand is op or not _out_args(cand):
             continue
-        if _signature(cand) == want:
+        # tensor options the out= overload lacks come from the out tensor (cumsum.out keeps dtype)
+        have = {a.name for a in cand._schema.arguments}
+        if _signature(cand) == _signature(op, skip=[o for o in _TENSOR_OPTIONS if o not in have]):
             return cand
     return None
 
