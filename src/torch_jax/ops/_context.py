@@ -25,6 +25,7 @@ class TraceContext:
     index: int  # jax device index the op runs on
     checks: list = dataclasses.field(default_factory=list)  # (flag, value, exc_type, message)
     rng: object = None  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
+    contiguous: dict = dataclasses.field(default_factory=dict)  # schema position -> is_contiguous()
 
 
 def current() -> TraceContext:
@@ -54,6 +55,13 @@ def out_dtype(i: int = 0) -> np.dtype:
         # the executor only knows output dtypes from the op's Meta kernel
         raise RuntimeError(f"torch_jax: {ctx.op} has no Meta kernel, so its lowering cannot ask for out_dtype()")
     return ctx.out_dtypes[i]
+
+
+def is_contiguous(i: int) -> bool:
+    """Whether tensor argument ``i`` (schema position) is contiguous, for the few kernels
+    whose results depend on the layout (PyTorch's det factors A^T for contiguous A). It is
+    part of the cache key, so it is a static Python bool."""
+    return current().contiguous.get(i, True)
 
 
 def check(bad, exc_type, message: str, value=None) -> None:

@@ -287,3 +287,188 @@ def cummax(x, dim):
 @lower(aten.cummin.default)
 def cummin(x, dim):
     return _cum_extreme(x, dim, False)
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, dim=None, keepdim=False):
+    ax = axes(x, dim)
+    if dim is None and keepdim:  # every dim reduced and kept
+        return _nan_min(x, ax, True), _nan_max(x, ax, True)
+    return _nan_min(x, ax, keepdim), _nan_max(x, ax, keepdim)
+
+
+@lower(aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim):
+    return jnp.sum(x != 0, axis=axes(x, dim), dtype=jnp.int64)
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, dtype=None):
+    out = _context.out_dtype()
+    xa = _acc(x, out)
+    if jnp.issubdtype(xa.dtype, jnp.inexact):
+        xa = jnp.where(jnp.isnan(xa), jnp.zeros((), xa.dtype), xa)
+    return cast(jnp.sum(xa, axis=axes(x, dim), keepdims=keepdim), out)
+
+
+def _log_add_exp(a, b):
+    """The CPU's logcumsumexp step: log(exp(a) + exp(b)), exact for equal infinities."""
+    if jnp.iscomplexobj(a):
+        return _log_add_exp_complex(a, b)
+    lo = jnp.where(jnp.isnan(b), b, jnp.minimum(a, b))
+    hi = jnp.where(jnp.isnan(b), b, jnp.maximum(a, b))
+    general = jnp.log1p(jnp.exp(lo - hi)) + hi
+    return jnp.where((lo != hi) | jnp.isfinite(lo), general, a)
+
+
+def _log_add_exp_complex(a, b):
+    # ordered by real part; NaN anywhere gives NaN; equal infinite real parts are special
+    a_nan = jnp.isnan(a.real) | jnp.isnan(a.imag)
+    b_nan = jnp.isnan(b.real) | jnp.isnan(b.imag)
+    swap = b.real < a.real
+    lo, hi = jnp.where(swap, b, a), jnp.where(swap, a, b)
+    nan = jnp.asarray(complex(np.nan, np.nan), a.dtype)
+    both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
+    general = jnp.log1p(jnp.exp(lo - hi)) + hi
+    inf_case = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    return jnp.where(a_nan | b_nan, nan, jnp.where(both_inf, inf_case, general))
+
+
+@lower(aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    # the CPU accumulates in its accumulate type: double for float, float for half
+    wide = _CPU_ACC.get(np.dtype(x.dtype), x.dtype)
+    return cast(lax.associative_scan(_log_add_exp, x.astype(wide), axis=dim % x.ndim), x.dtype)
+
+
+_CPU_ACC = {
+    np.dtype(jnp.float16): jnp.float32,
+    np.dtype(jnp.bfloat16): jnp.float32,
+    np.dtype(jnp.float32): jnp.float64,
+    np.dtype(jnp.complex64): jnp.complex128,
+}
+
+
+@lower(aten.renorm.default, static=("p", "maxnorm"))
+def renorm(x, p, dim, maxnorm):
+    d = dim % max(x.ndim, 1)
+    others = [i for i in range(x.ndim) if i != d]
+    xa = x.astype(jnp.float32) if x.dtype in _LOW else x
+    a = jnp.abs(xa)
+    if p == float("inf"):
+        norm = jnp.max(a, axis=others, keepdims=True, initial=0)
+    elif p == 0:
+        norm = jnp.sum((a != 0).astype(a.dtype), axis=others, keepdims=True)
+    else:
+        norm = jnp.sum(a**p, axis=others, keepdims=True) ** (1.0 / p)
+    # the CPU compares and divides in double: maxnorm / (norm + eps)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + jnp.asarray(1e-7, norm.dtype)).astype(jnp.float64), 1.0)
+    real = jnp.real(x).dtype
+    return x * factor.astype(real)
+
+
+# ---------------------------------------------------------------- segment reductions
+
+
+def _segments(data, lengths, offsets, axis):
+    """Start and end (exclusive) of every segment, (lead..., S), from lengths or offsets."""
+    if offsets is None:
+        lengths = lengths.astype(jnp.int64)
+        ends = jnp.cumsum(lengths, axis=-1)
+        return ends - lengths, ends
+    offsets = offsets.astype(jnp.int64)
+    return offsets[..., :-1], offsets[..., 1:]
+
+
+def _segment_mask(data, starts, ends, axis):
+    """(lead..., S, N): element n of the reduced axis belongs to segment s."""
+    n = data.shape[axis]
+    pos = jnp.arange(n, dtype=jnp.int64)
+    return (pos >= starts[..., None]) & (pos < ends[..., None])
+
+
+def _expand(mask, data, axis):
+    """The (lead..., S, N) mask broadcast against data (lead..., N, inner...) as
+    (lead..., S, N, inner...)."""
+    inner = data.ndim - axis - 1
+    return mask.reshape(mask.shape + (1,) * inner)
+
+
+@lower(aten.segment_reduce.default, static=("initial",))
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    ax = axis % data.ndim
+    dt = data.dtype
+    xa = data.astype(jnp.float32) if dt in _LOW else data
+    starts, ends = _segments(data, lengths, offsets, ax)
+    m = _expand(_segment_mask(data, starts, ends, ax), data, ax)  # (lead..., S, N, inner...)
+    x = jnp.expand_dims(xa, ax)  # (lead..., 1, N, inner...)
+    red = ax + 1
+    if reduce in ("max", "min"):
+        fill = -jnp.inf if reduce == "max" else jnp.inf
+        r = (jnp.max if reduce == "max" else jnp.min)(jnp.where(m, x, fill), axis=red)
+        r = jnp.where(jnp.any(m & jnp.isnan(x), axis=red), jnp.nan, r)
+        if initial is not None:
+            r = jnp.maximum(r, initial) if reduce == "max" else jnp.minimum(r, initial)
+    elif reduce == "prod":
+        r = jnp.prod(jnp.where(m, x, 1), axis=red) * (1 if initial is None else initial)
+    else:  # sum, mean
+        r = jnp.sum(jnp.where(m, x, 0), axis=red) + (0 if initial is None else initial)
+        if reduce == "mean":
+            count = (ends - starts).reshape((ends - starts).shape + (1,) * (data.ndim - ax - 1)).astype(r.dtype)
+            empty = jnp.nan if initial is None else initial
+            r = jnp.where(count > 0, r / jnp.maximum(count, 1), empty)
+    return r.astype(dt)
+
+
+@lower(aten._segment_reduce_backward.default, static=("initial",))
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    ax = axis % data.ndim
+    dt = data.dtype
+    f = (lambda t: t.astype(jnp.float32)) if dt in _LOW else (lambda t: t)
+    g, out, x = f(grad), f(output), f(data)
+    starts, ends = _segments(data, lengths, offsets, ax)
+    m = _expand(_segment_mask(data, starts, ends, ax), data, ax)  # (lead..., S, N, inner...)
+    red = ax  # the segment axis of the (lead..., S, N, inner...) layout
+    xe = jnp.expand_dims(x, ax)  # (lead..., 1, N, inner...)
+    ge, oe = jnp.expand_dims(g, ax + 1), jnp.expand_dims(out, ax + 1)  # (lead..., S, 1, inner...)
+    zero = jnp.zeros((), x.dtype)
+    if reduce in ("max", "min"):
+        hit = m & jnp.where(jnp.isnan(oe), jnp.isnan(xe), xe == oe)
+        count = jnp.sum(hit, axis=ax + 1, keepdims=True)
+        # the CPU splits the gradient among tied extremes only where it is positive
+        share = jnp.where((count >= 2) & (ge > 0), ge / count, ge)
+        gi = jnp.sum(jnp.where(hit, share, zero), axis=red)
+    elif reduce in ("sum", "mean"):
+        share = ge
+        if reduce == "mean":
+            n = (ends - starts).reshape((ends - starts).shape + (1,) * (data.ndim - ax)).astype(x.dtype)
+            share = ge / jnp.maximum(n, 1)
+        gi = jnp.sum(jnp.where(m, share, zero), axis=red)
+    else:  # prod: grad * out / x, or the product of the others where x is 0 or NaN
+        special = jnp.isnan(xe) | (xe == 0)
+        others = jnp.where(m & ~special, xe, 1)
+        p_rest = jnp.prod(others, axis=ax + 1, keepdims=True) * (1 if initial is None else initial)
+        n_zero = jnp.sum(m & (xe == 0), axis=ax + 1, keepdims=True)
+        n_nan = jnp.sum(m & jnp.isnan(xe), axis=ax + 1, keepdims=True)
+        own_nan, own_zero = jnp.isnan(xe), xe == 0
+        other_nan = (n_nan - own_nan) > 0
+        other_zero = (n_zero - own_zero) > 0
+        excl = jnp.where(other_nan, jnp.nan, jnp.where(other_zero, zero, p_rest))
+        share = jnp.where(special, ge * excl, ge * oe / xe)
+        gi = jnp.sum(jnp.where(m, share, zero), axis=red)
+    return gi.astype(dt)
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """xor of the elements' 64-bit patterns (floats as double, integers as int64)."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    else:
+        wide = x.astype(jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    ax = axes(x, dim)
+    r = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, ax)
+    return jnp.expand_dims(r, ax) if keepdim else r

@@ -203,6 +203,21 @@ def markdown(summary, results, meta) -> str:
         for r in failing:
             msg = r.message.splitlines()[0].replace("|", "\\|")[:200] if r.message else ""
             lines.append(f"| {r.op} | {r.dtype} | {msg} |")
+    lines += [
+        "",
+        "## Comparison adjustments",
+        "",
+        "Listed in `src/torch_jax/report/_sweep.py`, each with its reason.",
+        "",
+    ]
+    lines += [f"- `{op}`: out= not compared: {why}" for op, why in _sweep.NO_OUT_CHECK.items()]
+    lines += [
+        f"- `{op}` {_dtype_name(d)}: rtol {rtol:g}, atol {atol:g}" for (op, d), (rtol, atol) in _sweep.TOLERANCE.items()
+    ]
+    lines.append(
+        "- sort, argsort, topk, kthvalue, median, nanmedian, mode: indices are compared through the values they "
+        "select (which of several equal elements' index is returned is unspecified, and differs between CPU and CUDA)"
+    )
     excluded = sorted({(r.op, r.message) for r in results if r.status == "skip"})
     lines += ["", "## Excluded OpInfos", "", "| OpInfo | reason |", "| --- | --- |"]
     lines += [f"| {op} | {msg} |" for op, msg in excluded]

@@ -45,6 +45,20 @@ EXCLUDED = {
     "jiterator_2inputs_2outputs": "jiterator is a CUDA-only feature",
 }
 
+# (OpInfo name, dtype) -> why that pair is not compared
+EXCLUDED_PAIRS = {
+    ("matrix_exp", torch.bfloat16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
+    "coefficient tables as the half type): there is no reference to compare with",
+    ("matrix_exp", torch.float16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
+    "coefficient tables as the half type): there is no reference to compare with",
+}
+
+# OpInfo name -> why its out= variant is not compared
+NO_OUT_CHECK = {
+    "fft.ihfftn": "PyTorch's CPU ihfftn(out=) over one dim never writes out (a PyTorch bug): "
+    "the CPU run leaves the out tensor uninitialized",
+}
+
 # ops whose results are random or uninitialized: only shapes and dtypes are compared
 RANDOM = {
     "bernoulli", "normal", "normal.number_mean", "normal.in_place", "multinomial", "rand_like", "randn_like",
@@ -61,6 +75,16 @@ RANDOM = {
 # XLA and oneDNN sum long convolutions in different orders; the CPU computes attention
 # with a blocked online softmax, we compute it directly
 TOLERANCE = {
+    # four squarings in matrix_exp magnify MKL's and XLA's different matmul rounding
+    ("matrix_exp", torch.float32): (1e-4, 1e-5),
+    ("matrix_exp", torch.complex64): (1e-4, 1e-5),
+    # float32 gradients through triangular solves and least squares: the forward matches
+    # at the default tolerance, the backward (more solves) differs by ~3e-5
+    ("triangular_solve", torch.float32): (1e-4, 1e-4),
+    ("linalg.householder_product", torch.float32): (1e-4, 1e-4),
+    ("linalg.lstsq", torch.float32): (1e-4, 1e-4),
+    ("linalg.lstsq.grad_oriented", torch.float32): (1e-4, 1e-4),
+    ("linalg.pinv.hermitian", torch.float32): (1e-4, 1e-4),
     ("nn.functional.scaled_dot_product_attention", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv3d", torch.float32): (1e-4, 1e-4),
@@ -288,7 +312,7 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
         pair = _raises_same(run_inplace_cpu, run_inplace_dev, where + " in-place")
         if pair is not None:
             compare(pair[1][1], pair[0][1], random=False, where=where + " in-place (self)", tol=tol)
-    if op.supports_out:
+    if op.supports_out and name not in NO_OUT_CHECK:
         _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where, tol)
 
 
@@ -378,8 +402,8 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
 
     name = name_of(op)
     result = Result(name, str(dtype).replace("torch.", ""), "pass")
-    if name in EXCLUDED:
-        result.status, result.message = "skip", EXCLUDED[name]
+    if name in EXCLUDED or (name, dtype) in EXCLUDED_PAIRS:
+        result.status, result.message = "skip", EXCLUDED.get(name) or EXCLUDED_PAIRS[(name, dtype)]
         return result
     before = dict(_stats.fallback_ops)
     # OpInfo samples call deprecated PyTorch APIs, which warn on both devices alike

@@ -1,5 +1,5 @@
-"""Ops whose output shape depends on values: nonzero, masked_select, and indexing
-with boolean masks.
+"""Ops whose output shape depends on values: nonzero, masked_select, indexing with
+boolean masks, unique/unique_consecutive, bincount, and equal (a host bool).
 
 NOTE [Data-dependent shapes]: XLA computations have static shapes, so these ops count
 first (one small computation and a read of one integer back to the host), then run a
@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from torch_jax.ops._sort import sort_keys
 from torch_jax.runtime import _copy, _executor
 from torch_jax.tensor import _storage
 
@@ -134,6 +135,194 @@ def index_put(self, indices, values, accumulate=False):
     return index_put_(self.clone(), indices, values, accumulate)
 
 
+# ---------------------------------------------------------------- unique
+
+# NOTE [Unique on device]: one computation sorts (stably, with PyTorch's order, NOTE
+# [Sort keys]) and flags the first element of each group, and returns the number of
+# groups; after reading that count, a second computation, compiled for the bucketed
+# count, gathers the values, counts and inverse indices. Groups compare with ``!=``, as
+# on the CPU: -0.0 joins 0.0 (the first in sorted order is kept), every NaN is its own.
+
+
+def _rows_sort(rows):
+    """(sorted rows, permutation): ``rows`` (N, M) in lexicographic order, stable."""
+    keys = [k for j in range(rows.shape[1]) for k in sort_keys(rows[:, j])]
+    perm = jnp.arange(rows.shape[0], dtype=jnp.int64)
+    if keys:
+        *_, perm = jax.lax.sort((*keys, perm), dimension=0, is_stable=True, num_keys=len(keys))
+    return rows[perm], perm
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _groups(rows, consecutive: bool):
+    """rows (N, M): (grouped rows, permutation, first-of-group flags, number of groups)."""
+    if consecutive:
+        vals, perm = rows, jnp.arange(rows.shape[0], dtype=jnp.int64)
+    else:
+        vals, perm = _rows_sort(rows)
+    differs = jnp.any(vals[1:] != vals[:-1], axis=1)
+    new = jnp.concatenate([jnp.ones((1,), jnp.bool_), differs])
+    return vals, perm, new, jnp.sum(new)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _gather_groups(vals, perm, new, size):
+    gid = jnp.cumsum(new) - 1  # (N,) group of each sorted row
+    first = jnp.nonzero(new, size=size)[0]
+    uniq = vals[first]  # (size, M)
+    counts = jnp.zeros((size,), jnp.int64).at[gid].add(1)
+    inverse = jnp.zeros(perm.shape, jnp.int64).at[perm].set(gid)
+    return uniq, inverse, counts
+
+
+def _unique_rows(self, dim, consecutive: bool):
+    """Unique slices of ``self`` along ``dim`` (None: of the elements): values, inverse, counts."""
+    arr = _copy.logical_array(self)
+    if dim is None:
+        rows = arr.reshape(-1, 1)
+    else:
+        rows = jnp.moveaxis(arr, dim, 0)
+        rows = rows.reshape(rows.shape[0], -1)
+    vals, perm, new, count = _groups(rows, consecutive)
+    n = int(_copy.to_numpy(count))
+    uniq, inverse, counts = _gather_groups(vals, perm, new, _bucket(n))
+    uniq, counts = uniq[:n], counts[:n]
+    if dim is None:
+        uniq = uniq.reshape(n)
+        inverse = inverse.reshape(arr.shape)
+    else:
+        rest = jnp.moveaxis(arr, dim, 0).shape[1:]
+        uniq = jnp.moveaxis(uniq.reshape((n,) + rest), 0, dim)
+    i = _index_of(self)
+    return (
+        _storage.new_tensor(uniq.shape, self.dtype, i, uniq),
+        _storage.new_tensor(inverse.shape, torch.int64, i, inverse),
+        _storage.new_tensor(counts.shape, torch.int64, i, counts),
+    )
+
+
+def _on_cpu(op, self, *args):
+    """Empty inputs (nothing to compute; PyTorch's special cases and errors) run on the CPU."""
+    out = op(self.cpu(), *args)
+    return tuple(o.to(self.device) for o in out)
+
+
+def _empty_index(self):
+    return torch.empty((0,), dtype=torch.int64, device=self.device)
+
+
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    # the CPU sorts whatever ``sorted`` says
+    if self.numel() == 0:
+        return _on_cpu(aten._unique2.default, self, sorted, return_inverse, return_counts)
+    uniq, inverse, counts = _unique_rows(self, None, False)
+    return uniq, inverse if return_inverse else _empty_index(self), counts if return_counts else _empty_index(self)
+
+
+def unique(self, sorted=True, return_inverse=False):
+    uniq, inverse, _ = unique2(self, sorted, return_inverse, False)
+    return uniq, inverse
+
+
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        return unique_dim_consecutive(self, dim, return_inverse, return_counts)
+    if self.numel() == 0:
+        return _on_cpu(aten.unique_consecutive.default, self, return_inverse, return_counts, None)
+    uniq, inverse, counts = _unique_rows(self, None, True)
+    return uniq, inverse if return_inverse else _empty_index(self), counts if return_counts else _empty_index(self)
+
+
+def _unique_dim(self, dim, consecutive, op, *args):
+    if self.numel() == 0 or self.dim() == 0:
+        return _on_cpu(op, self, dim, *args)
+    # inverse and counts come back whether asked for or not, as on the CPU
+    return _unique_rows(self, dim % self.dim(), consecutive)
+
+
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_dim(self, dim, False, aten.unique_dim.default, sorted, return_inverse, return_counts)
+
+
+def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False):
+    return _unique_dim(self, dim, True, aten.unique_dim_consecutive.default, return_inverse, return_counts)
+
+
+# ---------------------------------------------------------------- bincount
+
+
+@jax.jit
+def _max_or_neg(x):
+    return jnp.max(x.astype(jnp.int64), initial=-1), jnp.min(x.astype(jnp.int64), initial=0)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _bincount(x, w, size, dtype):
+    ones = jnp.ones(x.shape, dtype) if w is None else w.astype(dtype)
+    return jnp.zeros((size,), dtype).at[x].add(ones)
+
+
+def bincount(self, weights=None, minlength=0):
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    arr = _copy.logical_array(self)
+    hi, lo = (int(v) for v in _copy.to_numpy(jnp.stack(_max_or_neg(arr))))
+    if lo < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    size = max(hi + 1, minlength)
+    # the CPU counts float weights in float, any other weights in double
+    dtype = (
+        torch.int64
+        if weights is None
+        else weights.dtype
+        if weights.dtype in (torch.float32, torch.float64)
+        else torch.float64
+    )
+    w = None if weights is None else _copy.logical_array(weights)
+    np_dtype = (
+        jnp.dtype(jnp.int64) if weights is None else jnp.dtype(jnp.float32 if dtype == torch.float32 else jnp.float64)
+    )
+    out = _bincount(arr, w, size, np_dtype)
+    return _storage.new_tensor(out.shape, dtype, _index_of(self), out)
+
+
+# ---------------------------------------------------------------- equal
+
+
+def equal(self, other):
+    if self.shape != other.shape:
+        return False
+    if self.numel() == 0:
+        return True
+    return bool(torch.eq(self, other).all().item())
+
+
+def _out_kernel(fn, names):
+    """The ``out=`` overload of a kernel above: run it, then resize and copy into the outs."""
+
+    def kernel(*args, **kwargs):
+        from torch_jax.runtime._install import write_out
+
+        n_pos = len(names) - sum(1 for n in names if n in kwargs)
+        outs = list(args[len(args) - n_pos :]) if n_pos else []
+        args = args[: len(args) - n_pos]
+        outs += [kwargs.pop(n) for n in names if n in kwargs]
+        result = fn(*args, **kwargs)
+        if isinstance(result, tuple) and len(outs) < len(result):
+            result = result[: len(outs)]
+        return write_out(result, tuple(outs))
+
+    kernel.__name__ = fn.__name__ + "_out"
+    return kernel
+
+
+_OUT1, _OUT2, _OUT3 = ("out",), ("out0", "out1"), ("out0", "out1", "out2")
+
+
 def kernels():
     return [
         (aten.nonzero.default, nonzero),
@@ -141,4 +330,19 @@ def kernels():
         (aten.index.Tensor, index),
         (aten.index_put_.default, index_put_),
         (aten.index_put.default, index_put),
+        (aten._unique2.default, unique2),
+        (aten._unique.default, unique),
+        (aten.unique_consecutive.default, unique_consecutive),
+        (aten.unique_dim.default, unique_dim),
+        (aten.unique_dim_consecutive.default, unique_dim_consecutive),
+        (aten.bincount.default, bincount),
+        (aten.equal.default, equal),
+        (aten.nonzero.out, _out_kernel(nonzero, _OUT1)),
+        (aten.masked_select.out, _out_kernel(masked_select, _OUT1)),
+        (aten._unique2.out, _out_kernel(unique2, _OUT3)),
+        (aten._unique.out, _out_kernel(unique, _OUT2)),
+        (aten.unique_consecutive.out, _out_kernel(unique_consecutive, _OUT3)),
+        (aten.unique_dim.out, _out_kernel(unique_dim, _OUT3)),
+        (aten.unique_dim_consecutive.out, _out_kernel(unique_dim_consecutive, _OUT3)),
+        (aten.bincount.out, _out_kernel(bincount, _OUT1)),
     ]

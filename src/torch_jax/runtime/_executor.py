@@ -177,6 +177,22 @@ def _describe(t, dyn: list, index: int):
     return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), offset, dtype), index
 
 
+def _key_contiguous(k) -> bool:
+    """Whether the tensor a key describes is contiguous (what ``Tensor.is_contiguous()``
+    said when the key was made); the key holds the strides of every other layout."""
+    if k is None or k[0] in ("s", "c", "u") or k[0].__class__ is not str:
+        return True
+    if k[0] == "m":
+        return _key_contiguous(k[1])
+    shape, stride = k[4], k[5]
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
+
+
 def run(spec: OpSpec, args):
     """Run one op call; ``args`` are the schema's arguments in order."""
     key = []
@@ -521,6 +537,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
 
     def call_lowering(dyn, out_dtypes):
         it = _Counting(dyn)
+        contiguous = {}
         vals = []
         for pos, (kind, k) in enumerate(zip(kinds, arg_keys)):
             if kind == X:
@@ -530,13 +547,14 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             elif kind == T or kind == OT:
                 positions[pos] = it.i
                 vals.append(_read(k, it))
+                contiguous[pos] = _key_contiguous(k)
             else:
                 items = []
                 for j, x in enumerate(k):
                     positions[(pos, j)] = it.i
                     items.append(_read(x, it))
                 vals.append(items)
-        ctx = _context.TraceContext(spec.op, out_dtypes, index)
+        ctx = _context.TraceContext(spec.op, out_dtypes, index, contiguous=contiguous)
         if spec.random:
             ctx.rng = next(it)
         with _context.tracing(ctx):
