@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from torch_jax.ops._context import check
 from torch_jax.ops._promote import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
@@ -18,7 +19,7 @@ from torch_jax.ops._promote import (
     cast,
     promote,
 )
-from torch_jax.ops._registry import aten, lower
+from torch_jax.ops._registry import aten, cpu_fallback, lower
 
 
 def unary(packet, fn, kind=DEFAULT, overload="default"):
@@ -45,6 +46,43 @@ def binary(packet, fn, kind=DEFAULT, overloads=("Tensor", "Scalar")):
 
         lowering.__name__ = f"{op._schema.name.split('::')[1]}_{overload}"
         lower(op)(lowering)
+
+
+def _opmath(fn, x):
+    """``fn`` computed in float32 for the half types, as PyTorch's CPU kernels do."""
+    if x.dtype in (jnp.float16, jnp.bfloat16):
+        return fn(x.astype(jnp.float32)).astype(x.dtype)
+    return fn(x)
+
+
+def _rounded(x):
+    """``x`` rounded to its dtype: XLA may compute half-type intermediates in float32."""
+    if x.dtype in (jnp.float16, jnp.bfloat16):
+        info = jnp.finfo(x.dtype)
+        return lax.reduce_precision(x, info.nexp, info.nmant)
+    return x
+
+
+def _sgn(x):
+    if jnp.iscomplexobj(x):
+        return jnp.where(x == 0, jnp.zeros_like(x), x / jnp.abs(x).astype(x.dtype))
+    return jnp.sign(x)
+
+
+def _sinc(x):
+    px = x * jnp.pi
+    return jnp.where(x == 0, jnp.ones_like(x), jnp.sin(px) / jnp.where(x == 0, jnp.ones_like(px), px))
+
+
+def _logaddexp_complex(a, b):
+    # PyTorch's ordering: the operand with the larger real part factors out
+    a_first = jnp.real(a) < jnp.real(b)
+    lo, hi = jnp.where(a_first, a, b), jnp.where(a_first, b, a)
+    nan = jnp.isnan(a) | jnp.isnan(b)
+    both_inf = ~jnp.isfinite(jnp.real(lo)) & (jnp.real(lo) == jnp.real(hi))
+    inf_case = jnp.where(jnp.real(lo) < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    out = jnp.where(both_inf, inf_case, jnp.log1p(jnp.exp(lo - hi)) + hi)
+    return jnp.where(nan, jnp.full_like(out, complex(jnp.nan, jnp.nan)), out)
 
 
 # ---- unary math ----
@@ -76,8 +114,17 @@ unary(aten.erf, jax.scipy.special.erf, INT_TO_FLOAT)
 unary(aten.erfc, jax.scipy.special.erfc, INT_TO_FLOAT)
 unary(aten.erfinv, jax.scipy.special.erfinv, INT_TO_FLOAT)
 unary(aten.reciprocal, lambda x: 1 / x, INT_TO_FLOAT)
-unary(aten.sign, jnp.sign)
-unary(aten.sgn, lambda x: jnp.where(x == 0, 0, x / jnp.abs(x)) if jnp.iscomplexobj(x) else jnp.sign(x))
+unary(aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x))
+unary(aten.sgn, lambda x: x if x.dtype == jnp.bool_ else _sgn(x))
+unary(aten._conj_physical, lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
+# conj_physical_ has no functional twin of its name (conj_physical is composite): it
+# returns the new value of self
+lower(aten.conj_physical_.default)(lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
+cpu_fallback(
+    aten.conj_physical.out,
+    "the out= overload of a composite op: the executor derives out= only from a functional op of the same name",
+)
+unary(aten.sinc, lambda x: _opmath(_sinc, x), INT_TO_FLOAT)
 unary(aten.ceil, lambda x: jnp.ceil(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
 unary(aten.floor, lambda x: jnp.floor(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
 unary(aten.round, lambda x: jnp.round(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
@@ -90,6 +137,15 @@ unary(aten.isinf, jnp.isinf, ALWAYS_BOOL)
 unary(aten.isneginf, jnp.isneginf, ALWAYS_BOOL)
 unary(aten.isposinf, jnp.isposinf, ALWAYS_BOOL)
 unary(aten.signbit, jnp.signbit, ALWAYS_BOOL)
+unary(
+    aten.angle,
+    lambda x: (
+        jnp.angle(x)
+        if jnp.iscomplexobj(x)
+        else jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+    ),
+    INT_TO_FLOAT,
+)
 unary(aten.relu, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)) if x.dtype != jnp.bool_ else x)
 
 
@@ -128,6 +184,19 @@ binary(aten.mul, lambda a, b: jnp.logical_and(a, b) if a.dtype == jnp.bool_ else
 binary(aten.div, lambda a, b: a / b, INT_TO_FLOAT)
 
 
+def _check_int_divisor(b):
+    # PyTorch's CPU kernels raise on an integer division by zero (CUDA returns garbage)
+    if not jnp.issubdtype(b.dtype, jnp.inexact):
+        check(jnp.any(b == 0), RuntimeError, "ZeroDivisionError")
+
+
+def _int_divisor(b):
+    """``b`` with zeros replaced by ones, so that XLA's division does not trap (the
+    zeros themselves were reported by :func:`_check_int_divisor`)."""
+    _check_int_divisor(b)
+    return jnp.where(b == 0, jnp.ones_like(b), b)
+
+
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:
@@ -136,16 +205,16 @@ def div_mode(a, b, rounding_mode=None):
     (a, b), out = promote(a, b)
     if rounding_mode == "trunc":
         if jnp.issubdtype(a.dtype, jnp.integer):
-            return cast(lax.div(a, jnp.where(b == 0, 1, b)), out)
+            return cast(lax.div(*jnp.broadcast_arrays(a, _int_divisor(b))), out)
         return cast(jnp.trunc(a / b), out)
     if rounding_mode == "floor":
-        if jnp.issubdtype(a.dtype, jnp.integer):
-            return cast(jnp.floor_divide(a, jnp.where(b == 0, 1, b)), out)
-        return cast(_float_floor_divide(a, b), out)
+        return cast(_floor_divide(a, b), out)
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
 
 
-def _float_floor_divide(a, b):
+def _floor_divide(a, b):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return jnp.floor_divide(a, _int_divisor(b))
     # PyTorch's floor division for floats: computed from fmod so that (a // b) * b + a % b == a
     mod = jnp.fmod(a, b)
     div = (a - mod) / b
@@ -155,13 +224,31 @@ def _float_floor_divide(a, b):
     return jnp.where(b == 0, a / b, jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floor))
 
 
-binary(
-    aten.floor_divide,
-    lambda a, b: jnp.floor_divide(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else _float_floor_divide(a, b),
-    overloads=("default", "Scalar"),
-)
-binary(aten.remainder, lambda a, b: jnp.remainder(a, b))
-binary(aten.fmod, lambda a, b: jnp.fmod(a, b))
+def _remainder(a, b):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return jnp.remainder(a, _int_divisor(b))
+    return jnp.remainder(a, b)
+
+
+def _fmod(a, b):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return lax.rem(*jnp.broadcast_arrays(a, _int_divisor(b)))
+    return jnp.fmod(a, b)
+
+
+binary(aten.floor_divide, _floor_divide, overloads=("default", "Scalar"))
+
+
+# floor_divide_.Tensor pairs with floor_divide.default (not .Tensor), so the executor
+# cannot derive it: it returns the new value of self
+@lower(aten.floor_divide_.Tensor)
+def floor_divide__tensor(a, b):
+    (a2, b2), _ = promote(a, b)
+    return cast(_floor_divide(a2, b2), a.dtype)
+
+
+binary(aten.remainder, _remainder, overloads=("Tensor", "Scalar", "Scalar_Tensor"))
+binary(aten.fmod, _fmod)
 binary(aten.maximum, jnp.maximum, overloads=("default",))
 binary(aten.minimum, jnp.minimum, overloads=("default",))
 binary(aten.fmax, jnp.fmax, overloads=("default",))
@@ -170,7 +257,11 @@ binary(aten.atan2, jnp.arctan2, INT_TO_FLOAT, overloads=("default",))
 binary(aten.hypot, jnp.hypot, overloads=("default",))
 binary(aten.copysign, jnp.copysign, INT_TO_FLOAT, overloads=("Tensor", "Scalar"))
 binary(aten.nextafter, jnp.nextafter, overloads=("default",))
-binary(aten.logaddexp, jnp.logaddexp, overloads=("default",))
+binary(
+    aten.logaddexp,
+    lambda a, b: _logaddexp_complex(a, b) if jnp.iscomplexobj(a) else jnp.logaddexp(a, b),
+    overloads=("default",),
+)
 binary(aten.logaddexp2, jnp.logaddexp2, overloads=("default",))
 binary(
     aten.xlogy,
@@ -188,7 +279,32 @@ def pow_(a, b):
             return cast(lax.integer_pow(a2, int(b)), out)
     if isinstance(b, float) and b == 0.5 and jnp.issubdtype(a2.dtype, jnp.inexact):
         return cast(jnp.sqrt(a2), out)
+    if jnp.issubdtype(a2.dtype, jnp.integer):
+        return cast(_int_pow(a2, b2), out)
+    if a2.dtype == jnp.complex64:
+        # computed in double: the CPU's single-precision result is within 1.4e-6 of the
+        # exact one, jnp.power's in single precision is further off
+        return cast(jnp.power(a2.astype(jnp.complex128), b2.astype(jnp.complex128)), out)
     return cast(jnp.power(a2, b2), out)
+
+
+def _int_pow(a, b):
+    """Integer power with PyTorch's semantics: wraps on overflow; a negative exponent
+    gives 0 except for the bases 1 and -1."""
+    b = jnp.broadcast_to(b, jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b)))
+    e = jnp.where(b < 0, jnp.zeros_like(b), b)
+
+    def step(_, carry):  # square-and-multiply over the exponent's bits
+        result, base, e = carry
+        result = jnp.where((e & 1) == 1, result * base, result)
+        return result, base * base, e >> 1
+
+    one = jnp.ones_like(a * b)
+    result, _, _ = lax.fori_loop(0, jnp.iinfo(a.dtype).bits, step, (one, a * one, e))
+    if jnp.issubdtype(b.dtype, jnp.signedinteger):
+        neg = jnp.where(a == 1, one, jnp.where(a == -1, jnp.where((b & 1) == 1, -one, one), 0 * one))
+        result = jnp.where(b < 0, neg, result)
+    return result
 
 
 # ---- bitwise and logical ----
@@ -261,3 +377,128 @@ def addcmul(x, t1, t2, value=1):
 def addcdiv(x, t1, t2, value=1):
     (x, t1, t2), out = promote(x, t1, t2)
     return cast(x + cast(value, x.dtype) * (t1 / t2), out)
+
+
+# ---- integer bit manipulation ----
+
+
+def _shift_left(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    ok = (b >= 0) & (b < bits)
+    return jnp.where(ok, lax.shift_left(a, jnp.where(ok, b, 0)), jnp.zeros_like(a))
+
+
+def _shift_right(a, b):
+    # shifts by a negative amount or by the width fill with the sign bit, as on CPU
+    bits = jnp.iinfo(a.dtype).bits
+    ok = (b >= 0) & (b < bits)
+    if jnp.issubdtype(a.dtype, jnp.signedinteger):
+        return lax.shift_right_arithmetic(a, jnp.where(ok, b, bits - 1))
+    return jnp.where(ok, lax.shift_right_logical(a, jnp.where(ok, b, 0)), jnp.zeros_like(a))
+
+
+_SHIFTS = ("Tensor", "Tensor_Scalar", "Scalar_Tensor")
+binary(aten.bitwise_left_shift, lambda a, b: _shift_left(*jnp.broadcast_arrays(a, b)), overloads=_SHIFTS)
+binary(aten.bitwise_right_shift, lambda a, b: _shift_right(*jnp.broadcast_arrays(a, b)), overloads=_SHIFTS)
+
+
+def _gcd(a, b):
+    # Euclid's algorithm on |a|, |b| (|INT_MIN| stays negative, as on CPU)
+    a, b = jnp.broadcast_arrays(jnp.abs(a), jnp.abs(b))
+
+    def step(carry):
+        a, b = carry
+        nz = a != 0
+        return jnp.where(nz, lax.rem(b, jnp.where(nz, a, 1)), a), jnp.where(nz, a, b)
+
+    _, g = lax.while_loop(lambda c: jnp.any(c[0] != 0), step, (a, b))
+    return g
+
+
+def _lcm(a, b):
+    g = _gcd(a, b)
+    return jnp.abs(jnp.where(g == 0, jnp.zeros_like(g), lax.div(a, jnp.where(g == 0, 1, g)) * b))
+
+
+binary(aten.gcd, _gcd, overloads=("default",))
+binary(aten.lcm, _lcm, overloads=("default",))
+
+
+@lower(aten.frexp.Tensor)
+def frexp_tensor(x):
+    """Mantissa in [0.5, 1) and exponent, from the bits (XLA flushes subnormals to zero
+    in arithmetic, so they cannot be rescaled first)."""
+    info = jnp.finfo(x.dtype)
+    nmant, width = info.nmant, info.bits
+    uint = {16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}[width]
+    bias = info.maxexp - 1
+    u = lax.bitcast_convert_type(x, uint)
+    sign = u & uint(1 << (width - 1))
+    field = (u >> nmant) & uint((1 << (width - 1 - nmant)) - 1)
+    frac = u & uint((1 << nmant) - 1)
+    # a subnormal: normalise the fraction so that its leading one sits at bit nmant
+    lead = width - 1 - lax.clz(frac).astype(jnp.int32)  # position of the leading one
+    sub = (field == 0) & (frac != 0)
+    shift = jnp.where(sub, nmant - lead, 0).astype(uint)
+    frac = jnp.where(sub, (frac << shift) & uint((1 << nmant) - 1), frac)
+    exp = jnp.where(sub, lead + 2 - bias - nmant, field.astype(jnp.int32) - bias + 1)
+    mant = lax.bitcast_convert_type(sign | (uint(bias - 1) << nmant) | frac, x.dtype)
+    special = (x == 0) & ~sub | ~jnp.isfinite(x)
+    return jnp.where(special, x, mant), jnp.where(special, 0, exp).astype(jnp.int32)
+
+
+# ---- irregular unary and binary ops ----
+
+
+@lower(aten.heaviside.default)
+def heaviside(x, values):
+    (x, values), out = promote(x, values)
+    return cast(jnp.where(x == 0, values, (x > 0).astype(x.dtype)), out)
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    if jnp.iscomplexobj(x):
+        return lax.complex(nan_to_num(jnp.real(x), nan, posinf, neginf), nan_to_num(jnp.imag(x), nan, posinf, neginf))
+    info = jnp.finfo(x.dtype)
+    x = jnp.where(jnp.isnan(x), jnp.asarray(0.0 if nan is None else nan, x.dtype), x)
+    x = jnp.where(jnp.isposinf(x), jnp.asarray(info.max if posinf is None else posinf, x.dtype), x)
+    return jnp.where(jnp.isneginf(x), jnp.asarray(info.min if neginf is None else neginf, x.dtype), x)
+
+
+def _clamp_eps(x, eps):
+    if eps is None:
+        return x
+    lo, hi = jnp.asarray(eps, x.dtype), jnp.asarray(1 - eps, x.dtype)
+    return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+
+
+@lower(aten.logit.default)
+def logit(x, eps=None):
+    (x,), out = promote(x, kind=INT_TO_FLOAT)
+    # in the result dtype (not float32 for the half types), rounded at each step, as on CPU
+    x = _clamp_eps(cast(x, out), eps)
+    return jnp.log(_rounded(x / _rounded(1 - x)))
+
+
+@lower(aten.logit_backward.default)
+def logit_backward(grad, x, eps=None):
+    (grad, x), out = promote(grad, x)
+    g = grad / (x * (1 - x))
+    if eps is None:
+        return cast(jnp.where((x < 0) | (x > 1), jnp.nan, g), out)
+    return cast(jnp.where((x < eps) | (x > 1 - eps), 0, g), out)
+
+
+@lower(aten.complex.default)
+def complex_(real, imag):
+    (real, imag), _ = promote(real, imag)
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lower(aten.polar.default)
+def polar(abs_, angle):
+    (abs_, angle), _ = promote(abs_, angle)
+    return lax.complex(abs_ * jnp.cos(angle), abs_ * jnp.sin(angle))

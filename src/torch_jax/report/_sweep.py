@@ -51,6 +51,7 @@ EXCLUDED_PAIRS = {
     "coefficient tables as the half type): there is no reference to compare with",
     ("matrix_exp", torch.float16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
     "coefficient tables as the half type): there is no reference to compare with",
+    ("complex", torch.float16): "the result is complex32, which has no JAX dtype (a documented unsupported dtype)",
 }
 
 # OpInfo name -> why its out= variant is not compared
@@ -75,6 +76,16 @@ RANDOM = {
 # XLA and oneDNN sum long convolutions in different orders; the CPU computes attention
 # with a blocked online softmax, we compute it directly
 TOLERANCE = {
+    # PyTorch's CPU Bessel approximations are off by up to ~3e-7 for 5 < x < 25 in double;
+    # ours agree with scipy (j0(5.1) = -0.14433475, the CPU gives -0.14433507)
+    ("special.bessel_j0", torch.float64): (1e-6, 1e-6),
+    ("special.bessel_j1", torch.float64): (1e-6, 1e-6),
+    ("special.bessel_y0", torch.float64): (1e-6, 1e-6),
+    ("special.bessel_y1", torch.float64): (1e-6, 1e-6),
+    # the CPU's single-precision complex pow is itself ~1.4e-6 off the exact value
+    ("pow", torch.complex64): (5e-6, 1e-5),
+    ("__rpow__", torch.complex64): (5e-6, 1e-5),
+    ("special.log_ndtr", torch.float32): (1e-5, 1e-5),
     # four squarings in matrix_exp magnify MKL's and XLA's different matmul rounding
     ("matrix_exp", torch.float32): (1e-4, 1e-5),
     ("matrix_exp", torch.complex64): (1e-4, 1e-5),
@@ -340,8 +351,9 @@ def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol) 
         return op(sample.input, *sample.args, **sample.kwargs, out=out_dev)
 
     if _raises_same(cpu, dev, where + " out=") is not None:
-        got = tie_free(name_of(op), sample.input, sample.args, sample.kwargs, out_dev)
-        expected = tie_free(name_of(op), c_input, c_args, c_kwargs, out_cpu)
+        process = sample.output_process_fn_grad
+        got = tie_free(name_of(op), sample.input, sample.args, sample.kwargs, process(out_dev))
+        expected = tie_free(name_of(op), c_input, c_args, c_kwargs, process(out_cpu))
         compare(got, expected, random=False, where=where + " out=", tol=tol)
 
 

@@ -571,6 +571,14 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         metas = None  # the Meta kernel checked the arguments; its output shapes differ from CPU's
     if spec.inplace:
         fresh = []
+        # the Meta kernels of some derived in-place ops (logit_) accept a result dtype that
+        # cannot be cast back to self; the CPU raises
+        natural = jax.eval_shape(lambda *d: call_lowering(d, [targets[0][0]])[0][0], *dyn)
+        if not torch.can_cast(_dtypes.to_torch(natural.dtype), args[0].dtype):
+            raise _PyTorchError(
+                _cpu_error(spec, args)
+                or RuntimeError(f"result type {_dtypes.to_torch(natural.dtype)} can't be cast to {args[0].dtype}")
+            )
     elif metas is None:
         shaped = jax.eval_shape(
             lambda *d: call_lowering(d, None)[0][: None if spec.returns_list else (spec.n_fresh or None)], *dyn

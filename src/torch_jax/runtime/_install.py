@@ -104,15 +104,16 @@ def _out_kernel(out_op, spec):
             functional_args.append("None")
     body = (
         f"return _write_out(_run(_spec, ({', '.join(functional_args)},)), "
-        f"({', '.join(_executor.safe_name(n) for n in out_names)},))"
+        f"({', '.join(_executor.safe_name(n) for n in out_names)},), ({', '.join(functional_args)},))"
     )
     ns = {"_run": _executor.run, "_spec": spec, "_write_out": write_out}
     return _make_kernel(out_op, body, ns)
 
 
-def write_out(result, outs):
+def write_out(result, outs, inputs=()):
     """Copy an op's result(s) into its out= tensors with PyTorch's rules: outputs are
-    resized to the result's shape (warning if they held elements), dtypes must be
+    resized to the result's shape (warning if they held elements), except an output that
+    is also an input (``ldexp_`` runs ``mul(self, ..., out=self)``); dtypes must be
     castable."""
     results = result if isinstance(result, (tuple, list)) else (result,)
     for r, o in zip(results, outs):
@@ -120,6 +121,8 @@ def write_out(result, outs):
             raise RuntimeError(
                 f"result type {_dtype_name(r.dtype)} can't be cast to the desired output type {_dtype_name(o.dtype)}"
             )
+        if o.shape != r.shape and any(a is o for a in inputs):
+            raise RuntimeError(f"output with shape {list(o.shape)} doesn't match the broadcast shape {list(r.shape)}")
         if o.shape != r.shape:
             if o.numel() != 0:
                 warnings.warn(
