@@ -66,7 +66,12 @@ def _rounded(x):
 def _sgn(x):
     if jnp.iscomplexobj(x):
         return jnp.where(x == 0, jnp.zeros_like(x), x / jnp.abs(x).astype(x.dtype))
-    return jnp.sign(x)
+    return _sign(x)
+
+
+def _sign(x):
+    """PyTorch's ``(0 < x) - (x < 0)``: NaN and -0.0 give +0.0 (jnp.sign keeps them)."""
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 def _sinc(x):
@@ -114,7 +119,7 @@ unary(aten.erf, jax.scipy.special.erf, INT_TO_FLOAT)
 unary(aten.erfc, jax.scipy.special.erfc, INT_TO_FLOAT)
 unary(aten.erfinv, jax.scipy.special.erfinv, INT_TO_FLOAT)
 unary(aten.reciprocal, lambda x: 1 / x, INT_TO_FLOAT)
-unary(aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x))
+unary(aten.sign, lambda x: x if x.dtype == jnp.bool_ else _sign(x))
 unary(aten.sgn, lambda x: x if x.dtype == jnp.bool_ else _sgn(x))
 unary(aten._conj_physical, lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
 # conj_physical_ has no functional twin of its name (conj_physical is composite): it
@@ -274,6 +279,8 @@ binary(
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, static=("exponent",))
 def pow_(a, b):
     (a2, b2), out = promote(a, b)
+    if type(b) is int and b < 0 and jnp.issubdtype(a2.dtype, jnp.integer) and not isinstance(a, (int, float)):
+        check(True, RuntimeError, "Integers to negative integer powers are not allowed.")
     if isinstance(b, (int, float)) and not isinstance(b, bool) and float(b).is_integer() and abs(b) <= 64:
         if b >= 0 or jnp.issubdtype(a2.dtype, jnp.inexact):
             return cast(lax.integer_pow(a2, int(b)), out)

@@ -403,7 +403,7 @@ class _PyTorchError(Exception):
 _CPU_REPLAY_LIMIT = 1 << 28  # bytes of stand-in tensors we are willing to allocate
 
 
-def _cpu_error(spec: OpSpec, args):
+def _cpu_error(spec: OpSpec, args, limit: int = _CPU_REPLAY_LIMIT):
     """The exception the CPU kernel raises for these arguments, if any.
 
     NOTE [Errors from the CPU oracle]: many Meta kernels are Python reimplementations
@@ -418,7 +418,7 @@ def _cpu_error(spec: OpSpec, args):
         if isinstance(x, Tensor) and not x.is_cpu:
             n = _storage.storage_numel(x.shape, x.stride(), x.storage_offset())
             total += n * x.element_size()
-            if total > _CPU_REPLAY_LIMIT:
+            if total > limit:
                 raise OverflowError
             return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
         if isinstance(x, (list, tuple)):
@@ -436,6 +436,26 @@ def _cpu_error(spec: OpSpec, args):
     try:
         spec.op(*cargs, **ckwargs)
     except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+_DTYPE_PROBE_LIMIT = 1 << 20
+
+
+def _unsupported_dtype(spec: OpSpec, args):
+    """The CPU's error when its kernel does not support these dtypes, if it does not.
+
+    NOTE [Dtypes the CPU does not support]: XLA computes ``abs`` of a bool tensor happily,
+    PyTorch raises ``"abs_cpu" not implemented for 'Bool'`` (CUDA: ``"abs_cuda"``). Meta
+    kernels do not check dtypes, so on a cache miss the op is replayed on CPU zeros of the
+    same sizes (inputs up to 1 MiB; random ops are not replayed, they would advance the
+    CPU generator) and only this kind of error is kept: zeros may well raise other
+    errors (integer division by zero) that the real values do not."""
+    if spec.random:
+        return None
+    e = _cpu_error(spec, args, limit=_DTYPE_PROBE_LIMIT)
+    if isinstance(e, NotImplementedError) and " not implemented for '" in str(e):
         return e
     return None
 
@@ -567,6 +587,9 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         metas = _meta_outputs(spec, args)
     except Exception as e:  # noqa: BLE001 (re-raised as the CPU's own error)
         raise _PyTorchError(_cpu_error(spec, args) or e) from None
+    unsupported = _unsupported_dtype(spec, args)
+    if unsupported is not None:
+        raise _PyTorchError(unsupported)
     if not spec.lowering.trust_meta:
         metas = None  # the Meta kernel checked the arguments; its output shapes differ from CPU's
     if spec.inplace:
