@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from torch_jax.ops import _context
 from torch_jax.ops._promote import INT_TO_FLOAT, cast, promote
 from torch_jax.ops._registry import aten, lower
 
@@ -194,6 +195,71 @@ def glu(x, dim=-1):
 @lower(aten._prelu_kernel.default)
 def prelu_kernel(x, w):
     (x, w), out = _compute(x, w)
-    if w.ndim == 1 and x.ndim >= 2:
-        w = w.reshape((1, -1) + (1,) * (x.ndim - 2))
-    return cast(jnp.where(x > 0, x, w * x), out)
+    return cast(jnp.where(x > 0, x, _prelu_weight(x, w) * x), out)
+
+
+@lower(aten.glu_backward.default)
+def glu_backward(g, x, dim):
+    (g, x), out = _compute(g, x)
+    a, b = jnp.split(x, 2, axis=dim)
+    s = jax.nn.sigmoid(b)
+    return cast(jnp.concatenate([g * s, g * a * s * (1 - s)], axis=dim), out)
+
+
+def _prelu_weight(x, w):
+    """The weight broadcast against x as _prelu_kernel sees it: per channel (axis 1)."""
+    return w.reshape((1, -1) + (1,) * (x.ndim - 2)) if w.ndim == 1 and x.ndim >= 2 else w
+
+
+@lower(aten._prelu_kernel_backward.default)
+def prelu_kernel_backward(g, x, w):
+    """Both gradients have the broadcast shape: autograd sums the weight's down to its shape."""
+    (g, x, w), out = _compute(g, x, w)
+    wb = _prelu_weight(x, w)
+    pos = x > 0
+    gx = jnp.where(pos, g, wb * g)
+    gw = jnp.where(pos, jnp.zeros((), g.dtype), x * g)
+    return cast(gx, out), cast(gw, out)
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(x, lambd=0.5):
+    lambd = cast(lambd, x.dtype)  # the CPU kernel compares in the input's dtype
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), x.dtype), x)
+
+
+@lower(aten.hardshrink_backward.default)
+def hardshrink_backward(g, x, lambd):
+    lambd = cast(lambd, x.dtype)
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), g.dtype), g)
+
+
+@lower(aten.softshrink.default)
+def softshrink(x, lambd=0.5):
+    (x, lambd), out = _compute(x, lambd)
+    # x * 0 in the middle band keeps NaN, as on CPU
+    return cast(jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)), out)
+
+
+@lower(aten.softshrink_backward.default)
+def softshrink_backward(g, x, lambd):
+    (g, x, lambd), out = _compute(g, x, lambd)
+    return cast(jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), g.dtype), g), out)
+
+
+@lower(aten.rrelu_with_noise.default, random=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """Returns the output and the new noise (the mutated ``noise`` argument)."""
+    (xc, lo, hi), out = _compute(x, lower, upper)
+    if not training:  # a leaky ReLU with the mean slope; noise is left as it was
+        return cast(jnp.where(xc >= 0, xc, xc * (lo + hi) / 2), out), noise
+    r = jax.random.uniform(_context.rng_key(), x.shape, xc.dtype, lo, hi)
+    slope = jnp.where(xc >= 0, jnp.ones((), xc.dtype), r)
+    return cast(xc * slope, out), cast(slope, noise.dtype)
+
+
+# The in-place overload writes two arguments (self and noise), which the executor's derived
+# in-place variant does not handle: lowered on its own, its results are the two new values.
+@lower(aten.rrelu_with_noise_.default, random=True)
+def rrelu_with_noise_(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    return rrelu_with_noise(x, noise, lower, upper, training, generator)

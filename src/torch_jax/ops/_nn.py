@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._registry import aten, lower
+from torch_jax.ops._registry import aten, cpu_fallback, lower
 
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -55,82 +55,6 @@ def log_softmax_backward_data(g, y, dim, input_dtype):
     return (g32 - jnp.exp(y32) * jnp.sum(g32, axis=dim, keepdims=True)).astype(_context.out_dtype())
 
 
-# ---------------------------------------------------------------- losses
-
-
-def _nll_parts(x, target, weight, ignore_index):
-    """Per-element loss terms and weights; the class axis is 1 (0 for 1-D input)."""
-    axis = 0 if x.ndim == 1 else 1
-    n_classes = x.shape[axis]
-    t = target.astype(jnp.int64)
-    valid = t != ignore_index
-    bad = valid & ((t < 0) | (t >= n_classes))
-    _context.check(jnp.any(bad), IndexError, "Target {value} is out of bounds.", jnp.max(jnp.where(bad, t, -(2**62))))
-    safe = jnp.where(valid, jnp.clip(t, 0, n_classes - 1), 0)
-    picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, axis), axis=axis), axis)
-    w = jnp.ones((), x.dtype) if weight is None else weight[safe]
-    w = jnp.where(valid, w, jnp.zeros((), x.dtype))
-    return -picked * w, w, safe, valid, axis
-
-
-@lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-def nll_loss_forward(x, target, weight, reduction, ignore_index):
-    terms, w, _, _, _ = _nll_parts(x, target, weight, ignore_index)
-    total = jnp.sum(jnp.broadcast_to(w, terms.shape))
-    if reduction == 0:
-        return terms, total
-    if reduction == 1:
-        return jnp.sum(terms) / total, total
-    return jnp.sum(terms), total
-
-
-@lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
-def nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
-    _, w, safe, valid, axis = _nll_parts(x, target, weight, ignore_index)
-    w = jnp.broadcast_to(w, safe.shape)
-    if reduction == 1:
-        scale = -w * g / total_weight
-    else:
-        scale = -w * g
-    onehot = jax.nn.one_hot(safe, x.shape[axis], dtype=x.dtype, axis=axis)
-    return onehot * jnp.expand_dims(scale, axis)
-
-
-@lower(aten.mse_loss.default)
-def mse_loss(x, y, reduction=1):
-    d = (x - y) ** 2
-    return _reduce(d, reduction)
-
-
-@lower(aten.mse_loss_backward.default)
-def mse_loss_backward(g, x, y, reduction):
-    scale = 2.0 / x.size if reduction == 1 and x.size else 2.0
-    return (g * scale * (x - y)).astype(x.dtype)
-
-
-def _reduce(v, reduction):
-    if reduction == 0:
-        return v
-    if reduction == 1:
-        return jnp.mean(v)
-    return jnp.sum(v)
-
-
-@lower(aten.smooth_l1_loss.default)
-def smooth_l1_loss(x, y, reduction=1, beta=1.0):
-    d = jnp.abs(x - y)
-    v = d - 0.5 * beta if beta == 0 else jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
-    return _reduce(v, reduction)
-
-
-@lower(aten.binary_cross_entropy.default)
-def binary_cross_entropy(x, y, weight=None, reduction=1):
-    v = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
-    if weight is not None:
-        v = v * weight
-    return _reduce(v, reduction)
-
-
 # ---------------------------------------------------------------- normalization
 
 
@@ -138,7 +62,9 @@ def _stats_axes(x, normalized_ndim):
     return tuple(range(x.ndim - normalized_ndim, x.ndim))
 
 
-@lower(aten.native_layer_norm.default)
+# trust_meta=False: the Meta kernel says float32 statistics for float16 inputs, the CPU
+# returns them in the input's dtype
+@lower(aten.native_layer_norm.default, trust_meta=False)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     ax = _stats_axes(x, len(normalized_shape))
     xf = _f32(x)
@@ -150,7 +76,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         y = y * _f32(weight)
     if bias is not None:
         y = y + _f32(bias)
-    return y.astype(x.dtype), mean, rstd
+    return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
 @lower(aten.native_layer_norm_backward.default)
@@ -158,6 +84,7 @@ def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias,
     ax = _stats_axes(x, len(normalized_shape))
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
     gf, xf = _f32(g), _f32(x)
+    mean, rstd = _f32(mean), _f32(rstd)
     x_hat = (xf - mean) * rstd
     dx_hat = gf * _f32(weight) if weight is not None else gf
     n = 1
@@ -178,32 +105,42 @@ def _channel_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
+def _param_dtype(x, *params):
+    """The dtype of batch norm's saved statistics: float32 when a float16/bfloat16 input
+    comes with float32 parameters (PyTorch's mixed type), else the input's."""
+    if x.dtype in _LOW and any(p is not None and p.dtype == jnp.float32 for p in params):
+        return np.dtype(jnp.float32)
+    return x.dtype
+
+
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     axes = (0,) + tuple(range(2, x.ndim))
     xf = _f32(x)
     c = _channel_shape(x)
     if training:
+        pdt = _param_dtype(x, weight, bias, running_mean, running_var)
         mean = jnp.mean(xf, axis=axes)
         var = jnp.mean(jnp.square(xf - mean.reshape(c)), axis=axes)
         invstd = lax.rsqrt(var + eps)
         n = x.size // x.shape[1]
         new_mean = new_var = None
         if running_mean is not None:
-            new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+            new_mean = ((1 - momentum) * _f32(running_mean) + momentum * mean).astype(running_mean.dtype)
         if running_var is not None:
             unbiased = var * (n / max(n - 1, 1))
-            new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
-        save_mean, save_invstd = mean, invstd
+            new_var = ((1 - momentum) * _f32(running_var) + momentum * unbiased).astype(running_var.dtype)
+        # the CPU kernel normalizes with the statistics as saved (rounded to float16 if so)
+        mean, invstd = _f32(mean.astype(pdt)), _f32(invstd.astype(pdt))
+        save_mean, save_invstd = mean.astype(pdt), invstd.astype(pdt)
     else:
         mean = _f32(running_mean)
         invstd = lax.rsqrt(_f32(running_var) + eps)
         new_mean = new_var = None
         save_mean, save_invstd = mean, invstd
-    y = (xf - mean.reshape(c)) * invstd.reshape(c)
-    if weight is not None:
-        y = y * _f32(weight).reshape(c)
-    if bias is not None:
-        y = y + _f32(bias).reshape(c)
+    # x * alpha + beta per channel, the CPU kernel's form (it rounds alike in float16)
+    alpha = invstd if weight is None else invstd * _f32(weight)
+    beta = -mean * alpha if bias is None else _f32(bias) - mean * alpha
+    y = xf * alpha.reshape(c) + beta.reshape(c)
     return y.astype(x.dtype), save_mean, save_invstd, new_mean, new_var
 
 
@@ -217,7 +154,7 @@ def _empty_stats():
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     y, m, s, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
     if not training:
-        m = s = _empty_stats().astype(m.dtype)
+        m = s = _empty_stats().astype(_param_dtype(x, weight, bias, running_mean, running_var))
     return y, m, s, new_mean, new_var
 
 
@@ -229,8 +166,34 @@ def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
 
 @lower(aten._native_batch_norm_legit_no_training.default, trust_meta=False)
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
-    y, m, _, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
-    return y, _empty_stats().astype(m.dtype), _empty_stats().astype(m.dtype)
+    y, _, _, _, _ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    empty = _empty_stats().astype(_param_dtype(x, weight, bias, running_mean, running_var))
+    return y, empty, empty
+
+
+# trust_meta=False: its Meta kernel says float32 statistics for float16 inputs where the
+# CPU saves them in float16
+@lower(aten._batch_norm_with_update.default, trust_meta=False)
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    """Training-mode batch norm; returns the output, the saved statistics, an empty
+    reserve, then the new running_mean and running_var (its written arguments)."""
+    y, m, s, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return y, m, s, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+# Like native_batch_norm it updates running_mean/running_var although its schema does not
+# mark them as written, so a lowering could not write them back; it has no CompositeImplicit
+# caller in the batch_norm path on this device.
+cpu_fallback(aten.batch_norm_update_stats.default, "updates running stats its schema does not mark as written")
+
+
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(
+    g, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask, reserve
+):
+    return native_batch_norm_backward(
+        g, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask
+    )
 
 
 @lower(aten.native_batch_norm_backward.default)
@@ -309,7 +272,9 @@ def native_dropout(x, p, train):
 
 @lower(aten.native_dropout_backward.default)
 def native_dropout_backward(g, mask, scale):
-    return (g * mask.astype(g.dtype) * scale).astype(g.dtype)
+    out = _context.out_dtype()  # a bool gradient times the float scale is float
+    gm = _f32(g.astype(out)) * mask.astype(_f32(g.astype(out)).dtype)
+    return (gm * scale).astype(out)
 
 
 # ---------------------------------------------------------------- embedding and indexing
@@ -337,6 +302,116 @@ def embedding_dense_backward(g, indices, num_weights, padding_idx, scale_grad_by
         gf = gf / counts[idx][:, None]
     out = jnp.zeros((num_weights, gf.shape[1]), _f32(gf).dtype).at[idx].add(_f32(gf))
     return out.astype(g.dtype)
+
+
+def _offset2bag(offsets, n, num_bags):
+    """The bag of each index: bags start at offsets[:num_bags] (with include_last_offset
+    the CPU kernels let the last bag run to the end of ``indices``)."""
+    return jnp.searchsorted(offsets[:num_bags].astype(jnp.int64), jnp.arange(n), side="right") - 1
+
+
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, forward_only):
+    """PyTorch's CPU _embedding_bag: (output, offset2bag, bag_size, max_indices), the
+    auxiliary outputs shaped as the CPU kernel shapes them (its Meta kernel differs)."""
+    n = indices.shape[0]
+    num_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    idx = indices.astype(jnp.int64)
+    check_index(idx, weight.shape[0])
+    bag = _offset2bag(offsets, n, num_bags)  # (n,)
+    valid = (idx != padding_idx) & (bag >= 0)
+    rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))  # (n, D)
+    counts = jax.ops.segment_sum(valid.astype(jnp.int64), bag, num_bags)  # (B,)
+    itype = indices.dtype
+    if mode == 2:
+        low = jnp.asarray(-jnp.inf, rows.dtype)
+        masked = jnp.where(valid[:, None], rows, low)
+        best = jax.ops.segment_max(masked, bag, num_bags)  # (B, D)
+        # the first index in the bag that holds the maximum
+        first = jax.ops.segment_min(
+            jnp.where(valid[:, None] & (masked == best[bag]), jnp.arange(n)[:, None], n), bag, num_bags
+        )
+        max_indices = jnp.where(counts[:, None] > 0, idx[jnp.clip(first, 0, max(n - 1, 0))], 0) if n else first * 0
+        out = jnp.where(counts[:, None] > 0, best, 0)
+        return out.astype(weight.dtype), bag.astype(itype), counts.astype(itype), max_indices.astype(itype)
+    if per_sample_weights is not None:
+        rows = rows * _f32(per_sample_weights)[:, None]
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_bags)  # (B, D)
+    if mode == 1:
+        out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
+        return out.astype(weight.dtype), bag.astype(itype), counts.astype(itype), counts.astype(itype)
+    # sum: the CPU kernel leaves bag_size and max_indices zero, and offset2bag empty on its
+    # fast path (float32/float16/bfloat16 weights, no padding_idx)
+    fast = padding_idx < 0 and weight.dtype in (np.dtype(jnp.float32),) + _LOW
+    aux = jnp.zeros((offsets.shape[0] if forward_only else num_bags,), itype)
+    return out.astype(weight.dtype), bag[:0] if fast else bag.astype(itype), aux, aux
+
+
+@lower(aten._embedding_bag.default, trust_meta=False)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):  # fmt: skip
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, False)
+
+
+@lower(aten._embedding_bag_forward_only.default, trust_meta=False)
+def embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                               per_sample_weights=None, include_last_offset=False, padding_idx=-1):  # fmt: skip
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, True)
+
+
+def _embedding_bag_grad(
+    g, indices, bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, psw, padding_idx
+):
+    idx = indices.astype(jnp.int64)
+    gf = _f32(g)
+    if mode == 2:
+        nonempty = (bag_size > 0)[:, None]
+        cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
+        out = jnp.zeros((num_weights, g.shape[1]), gf.dtype)
+        out = out.at[jnp.where(nonempty, max_indices.astype(jnp.int64), num_weights), cols].add(gf, mode="drop")
+        return out.astype(g.dtype)
+    valid = (idx != padding_idx) & (bag >= 0)
+    rows = gf[jnp.clip(bag, 0)]  # (n, D)
+    if psw is not None:
+        rows = rows * _f32(psw)[:, None]
+    if mode == 1:
+        rows = rows / jnp.maximum(bag_size[jnp.clip(bag, 0)], 1)[:, None].astype(rows.dtype)
+    if scale_grad_by_freq:
+        # As PyTorch's CPU kernel does (a quirk, kept since the CPU is the oracle): the k-th
+        # smallest distinct index is scaled by the count of sorted_indices[k], not its own.
+        counts = jnp.zeros((num_weights,), rows.dtype).at[idx].add(1)
+        srt = jnp.sort(idx)
+        rank = jnp.cumsum(jnp.concatenate([jnp.ones((1,), jnp.int64), (srt[1:] != srt[:-1]).astype(jnp.int64)])) - 1
+        k = rank[jnp.searchsorted(srt, idx)]
+        rows = rows / counts[srt[k]][:, None]
+    rows = jnp.where(valid[:, None], rows, 0)
+    return jnp.zeros((num_weights, g.shape[1]), rows.dtype).at[idx].add(rows).astype(g.dtype)
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(g, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):  # fmt: skip
+    # offset2bag may be empty (the forward's fast path): recomputed from the offsets
+    bag = _offset2bag(offsets, indices.shape[0], g.shape[0])
+    return _embedding_bag_grad(g, indices, bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                               per_sample_weights, padding_idx)  # fmt: skip
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(g, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):  # fmt: skip
+    bag = offset2bag.astype(jnp.int64)
+    return _embedding_bag_grad(g, indices, bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                               per_sample_weights, padding_idx)  # fmt: skip
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(g, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """d(output)/d(per_sample_weights) (sum mode): each index's row dotted with its bag's gradient."""
+    idx = indices.astype(jnp.int64)
+    bag = _offset2bag(offsets, idx.shape[0], g.shape[0])
+    rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))
+    v = jnp.sum(_f32(g)[jnp.clip(bag, 0)] * rows, axis=1)
+    return jnp.where((idx != padding_idx) & (bag >= 0), v, 0).astype(g.dtype)
 
 
 # ---------------------------------------------------------------- attention
