@@ -86,6 +86,10 @@ TOLERANCE = {
     ("pow", torch.complex64): (5e-6, 1e-5),
     ("__rpow__", torch.complex64): (5e-6, 1e-5),
     ("special.log_ndtr", torch.float32): (1e-5, 1e-5),
+    # the CPU's own float32 CTC gradient is 7.6e-5 from the float64 one
+    ("nn.functional.ctc_loss", torch.float32): (1e-4, 1e-4),
+    # the gradient of a size-1 weight sums the whole input: summation order shows at 5e-5
+    ("nn.functional.layer_norm", torch.float32): (1e-4, 1e-4),
     # four squarings in matrix_exp magnify MKL's and XLA's different matmul rounding
     ("matrix_exp", torch.float32): (1e-4, 1e-5),
     ("matrix_exp", torch.complex64): (1e-4, 1e-5),
@@ -284,6 +288,77 @@ def _outputs(result):
     return []
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class _Reference:
+    """The op computed on the CPU in float64 from the same sample (low-precision tensors
+    upcast), for judging bfloat16/float16 results; computed when first asked for."""
+
+    def __init__(self, op, sample, name, dtype):
+        self.op, self.sample, self.name, self.dtype = op, sample, name, dtype
+        self._value = None
+
+    def raw(self):
+        if self._value is None:
+
+            def up(x):
+                if isinstance(x, torch.Tensor):
+                    x = x.detach().cpu()
+                    return x.double() if x.dtype in LOW_PRECISION else x
+                if isinstance(x, (list, tuple)):
+                    return type(x)(up(y) for y in x)
+                if isinstance(x, torch.dtype) and x == self.dtype:
+                    return torch.float64
+                return to_cpu_arg(x)
+
+            s = self.sample
+            inp, args = up(s.input), [up(a) for a in s.args]
+            kwargs = {k: up(v) for k, v in s.kwargs.items()}
+            self._value = (self.op(inp, *args, **kwargs), inp, args, kwargs)
+        return self._value[0]
+
+    def tie_free(self):
+        out = self.raw()
+        _, inp, args, kwargs = self._value
+        return tie_free(self.name, inp, args, kwargs, self.sample.output_process_fn_grad(out))
+
+
+def compare_or_as_accurate(got, expected, reference, *, random: bool, where: str, tol):
+    """``compare``; for bfloat16/float16 results that differ from the CPU's, accept them
+    when they are at least as close to the float64 result as the CPU's are.
+
+    The CPU rounds low-precision arithmetic its own way (bfloat16 conv and pooling sums
+    accumulate in bfloat16, log_softmax sums in the input type), XLA accumulates in
+    float32; neither is the right answer, float64 is."""
+    try:
+        compare(got, expected, random=random, where=where, tol=tol)
+    except Mismatch:
+        gots, exps = _outputs(got), _outputs(expected)
+        if random or not any(e.dtype in LOW_PRECISION for e in exps):
+            raise
+        try:
+            refs = _outputs(reference())
+        except Exception:  # noqa: BLE001 (no float64 kernel: keep the mismatch)
+            raise Mismatch(f"{where}: differs from the CPU and there is no float64 reference") from None
+        if len(refs) != len(exps) or not all(_as_accurate(g, e, r) for g, e, r in zip(gots, exps, refs)):
+            raise
+
+
+def _as_accurate(got, expected, ref) -> bool:
+    if expected.dtype not in LOW_PRECISION:
+        return torch.equal(got.cpu(), expected) or torch.allclose(got.cpu(), expected, equal_nan=True)
+    g, e, r = got.cpu().double(), expected.double(), ref.double()
+    if g.shape != r.shape or not torch.equal(g.isnan(), e.isnan()) or not torch.equal(g.isinf(), e.isinf()):
+        return False
+    finite = e.isfinite()
+    if not finite.any():
+        return True
+    g, e, r = g[finite], e[finite], r[finite]
+    slack = torch.finfo(expected.dtype).eps * r.abs().max()
+    return bool((g - r).abs().max() <= 2 * (e - r).abs().max() + slack)
+
+
 def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) -> None:
     """Compare one sample input on the device with the CPU (raises Mismatch)."""
     random = name in RANDOM or random_sample(name, sample)
@@ -299,6 +374,7 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
         torch.manual_seed(0)
         return fn(sample.input, *sample.args, **sample.kwargs)
 
+    reference = _Reference(op, sample, name, dtype)
     pair = _raises_same(run_cpu, run_dev, where)
     if pair is not None:
         # output_process_fn_grad maps outputs that are not unique (the signs of singular
@@ -306,7 +382,7 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
         process = sample.output_process_fn_grad
         got = tie_free(name, sample.input, sample.args, sample.kwargs, process(pair[1]))
         expected = tie_free(name, c_input, c_args, c_kwargs, process(pair[0]))
-        compare(got, expected, random=random, where=where, tol=tol)
+        compare_or_as_accurate(got, expected, reference.tie_free, random=random, where=where, tol=tol)
     if not variants or random:
         return
     inplace = op.inplace_variant
@@ -322,12 +398,14 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
 
         pair = _raises_same(run_inplace_cpu, run_inplace_dev, where + " in-place")
         if pair is not None:
-            compare(pair[1][1], pair[0][1], random=False, where=where + " in-place (self)", tol=tol)
+            compare_or_as_accurate(
+                pair[1][1], pair[0][1], reference.raw, random=False, where=where + " in-place (self)", tol=tol
+            )
     if op.supports_out and name not in NO_OUT_CHECK:
-        _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where, tol)
+        _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where, tol, reference)
 
 
-def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol) -> None:
+def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol, reference) -> None:
     """The out= variant writes the same values into preallocated outputs."""
     try:
         expected = run_cpu()
@@ -354,7 +432,7 @@ def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol) 
         process = sample.output_process_fn_grad
         got = tie_free(name_of(op), sample.input, sample.args, sample.kwargs, process(out_dev))
         expected = tie_free(name_of(op), c_input, c_args, c_kwargs, process(out_cpu))
-        compare(got, expected, random=False, where=where + " out=", tol=tol)
+        compare_or_as_accurate(got, expected, reference.tie_free, random=False, where=where + " out=", tol=tol)
 
 
 def _check_grads(op, dtype, sample, *, where: str, tol) -> None:

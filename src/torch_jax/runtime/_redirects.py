@@ -18,6 +18,24 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
+def native_batch_norm_out(
+    input, weight, bias, running_mean, running_var, training, momentum, eps, *, out, save_mean, save_invstd
+):
+    results = native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    from torch_jax.runtime._install import write_out
+
+    return write_out(results, (out, save_mean, save_invstd), (input,))
+
+
+def addbmm_(self, batch1, batch2, *, beta=1, alpha=1):
+    # the CPU and CUDA kernels run addbmm.out(self, ..., out=self), which resizes a self
+    # that merely broadcasts (shape [1] or []) to the result's shape
+    result = aten.addbmm.default(self, batch1, batch2, beta=beta, alpha=alpha)
+    if self.shape != result.shape:
+        self.resize_(result.shape)
+    return self.copy_(result)
+
+
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
@@ -29,5 +47,7 @@ def fused_sdp_choice(
 def kernels():
     return [
         (aten.native_batch_norm.default, native_batch_norm),
+        (aten.native_batch_norm.out, native_batch_norm_out),
+        (aten.addbmm_.default, addbmm_),
         (aten._fused_sdp_choice.default, fused_sdp_choice),
     ]
