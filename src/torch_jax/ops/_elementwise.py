@@ -151,7 +151,8 @@ unary(
     ),
     INT_TO_FLOAT,
 )
-unary(aten.relu, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)) if x.dtype != jnp.bool_ else x)
+# the CPU's ``x < 0 ? 0 : x``: NaN and -0.0 pass through (jnp.maximum(-0.0, 0) is +0.0)
+unary(aten.relu, lambda x: jnp.where(x < 0, jnp.zeros((), x.dtype), x) if x.dtype != jnp.bool_ else x)
 
 
 @lower(aten.round.decimals, static=("decimals",))
@@ -174,6 +175,10 @@ def add(a, b, alpha=1):
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a, b, alpha=1):
+    if any(isinstance(v, bool) or getattr(v, "dtype", None) == jnp.bool_ for v in (a, b)):
+        # PyTorch refuses bool subtraction; raising here makes the executor replay the op
+        # on the CPU, which raises its own message
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported.")
     (a, b), out = promote(a, b)
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1):
         b = b * cast(alpha, b.dtype)
@@ -185,7 +190,19 @@ def rsub(a, b, alpha=1):
     return sub(b, a, alpha)
 
 
-binary(aten.mul, lambda a, b: jnp.logical_and(a, b) if a.dtype == jnp.bool_ else a * b)
+@lower(aten.mul.Tensor, aten.mul.Scalar)
+def mul(a, b):
+    bools = [getattr(v, "dtype", None) == jnp.bool_ for v in (a, b)]
+    (a, b), out = promote(a, b)
+    if a.dtype == jnp.bool_:
+        return cast(jnp.logical_and(a, b), out)
+    if any(bools) and jnp.issubdtype(a.dtype, jnp.inexact):
+        # XLA rewrites float(bool) * x as select(bool, x, 0), which loses 0 * inf = nan;
+        # the barrier keeps the multiplication
+        a, b = (lax.optimization_barrier(v) if is_bool else v for v, is_bool in zip((a, b), bools))
+    return cast(a * b, out)
+
+
 binary(aten.div, lambda a, b: a / b, INT_TO_FLOAT)
 
 

@@ -51,7 +51,17 @@ def sum_all(x, dtype=None):
 @lower(aten.mean.dim)
 def mean_dim(x, dim, keepdim=False, dtype=None):
     out = _context.out_dtype()
-    return cast(jnp.mean(_acc(x, out), axis=axes(x, dim), keepdims=keepdim), out)
+    x = _acc(x, out)
+    if jnp.iscomplexobj(x):
+        # the CPU multiplies the sum by the complex number 1/n + 0j, so an infinite real
+        # part gives a NaN imaginary part (inf * 0), even for n = 1
+        total = jnp.sum(x, axis=axes(x, dim), keepdims=keepdim)
+        n = max(x.size // max(total.size, 1), 1) if x.size else 0
+        c = jnp.asarray(1 / n if n else jnp.nan, total.real.dtype)
+        zero = jnp.zeros((), total.real.dtype)
+        mean = lax.complex(total.real * c - total.imag * zero, total.real * zero + total.imag * c)
+        return cast(mean, out)
+    return cast(jnp.mean(x, axis=axes(x, dim), keepdims=keepdim), out)
 
 
 @lower(aten.mean.default)

@@ -1,5 +1,6 @@
-"""Ops that move data around: cat, padding, flips, triangles, gathers and scatters,
-advanced indexing, sorting, and the backward ops of views (select/slice/diagonal)."""
+"""Ops that move data around: cat, constant padding, flips, triangles, repeats, sorting, and
+the backward ops of views (select/slice/diagonal/unfold). Gathers, scatters and advanced
+indexing live in _indexing."""
 
 from __future__ import annotations
 
@@ -7,24 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from torch_jax.ops import _context
+from torch_jax.ops import _context, _sort
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import aten, lower
 from torch_jax.tensor import _strided
-
-
-def check_bounds(idx, size: int, dim: int):
-    """PyTorch's IndexError for an index outside [-size, size)."""
-    bad = (idx < -size) | (idx >= size)
-    first = jnp.where(jnp.any(bad), idx.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if idx.size else 0
-    _context.check(
-        jnp.any(bad), IndexError, "index {value} is out of bounds for dimension " + f"{dim} with size {size}", first
-    )
-
-
-def wrap_index(idx, size: int):
-    idx = idx.astype(jnp.int64)
-    return jnp.where(idx < 0, idx + size, idx)
 
 
 @lower(aten.cat.default)
@@ -79,143 +66,89 @@ def masked_fill(x, mask, value):
     return jnp.where(mask, cast(value, x.dtype), x)
 
 
-# A 0-dim index keeps its dim (size 1) on CPU, where the Meta kernel drops it.
-@lower(aten.index_select.default, trust_meta=False)
-def index_select(x, dim, index):
-    n = x.shape[dim] if x.ndim else 1
-    bad = (index < 0) | (index >= n)
-    _context.check(jnp.any(bad), IndexError, "index out of range in self")
-    if x.ndim == 0:  # a 0-dim result whatever the index's shape, as on CPU
-        return x
-    return jnp.take(x, index.astype(jnp.int64).reshape(-1), axis=dim, mode="clip")
+@lower(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    d = dim % x.ndim
+    start = start + x.shape[d] if start < 0 else start
+    return lax.slice_in_dim(x, start, start + length, axis=d)
 
 
-def _check_in_range(index, n: int, dim: int):
-    """gather/scatter's error for an index outside [0, n) (no negative indices)."""
-    bad = (index < 0) | (index >= n)
-    first = jnp.where(jnp.any(bad), index.reshape(-1)[jnp.argmax(bad.reshape(-1))], 0) if index.size else 0
-    _context.check(
-        jnp.any(bad), RuntimeError, f"index {{value}} is out of bounds for dimension {dim} with size {n}", first
+@lower(aten.channel_shuffle.default)
+def channel_shuffle(x, groups):
+    n, c = x.shape[:2]
+    y = x.reshape((n, groups, c // groups) + x.shape[2:])  # (N, g, C/g, *)
+    return jnp.swapaxes(y, 1, 2).reshape(x.shape)
+
+
+def _tri_indices(row, col, offset, upper: bool):
+    """Row-major (row, col) coordinates of the upper (lower) triangle, as a (2, n) array."""
+    r, c = np.indices((row, col)).reshape(2, -1)
+    keep = (c - r >= offset) if upper else (c - r <= offset)
+    return jnp.asarray(np.stack([r[keep], c[keep]]), _context.out_dtype())
+
+
+@lower(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(row, col, offset, True)
+
+
+@lower(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(row, col, offset, False)
+
+
+# ---------------------------------------------------------------- im2col / col2im
+
+
+def _patch_slices(out_hw, kernel_size, dilation, stride):
+    """For each kernel offset (row-major), the strided window of the padded image it reads."""
+    (oh, ow), (kh, kw), (dh, dw), (sh, sw) = out_hw, kernel_size, dilation, stride
+    for i in range(kh):
+        for j in range(kw):
+            yield (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+
+
+def _blocks(hw, kernel_size, dilation, padding, stride):
+    return tuple(
+        (n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, d, p, s in zip(hw, kernel_size, dilation, padding, stride)
     )
 
 
-def _dim_grid(index, dim):
-    """Full index grids for gather/scatter: the index along ``dim``, iota elsewhere."""
-    grids = []
-    for d in range(index.ndim):
-        grids.append(index if d == dim else lax.broadcasted_iota(jnp.int64, index.shape, d))
-    return tuple(grids)
+@lower(aten.im2col.default)
+def im2col(x, kernel_size, dilation, padding, stride):
+    batched = x.ndim == 4
+    x = x if batched else x[None]
+    n, c = x.shape[:2]
+    out_hw = _blocks(x.shape[2:], kernel_size, dilation, padding, stride)
+    kk = kernel_size[0] * kernel_size[1]
+    if min(out_hw) <= 0 or x.size == 0:
+        out = jnp.zeros((n, c * kk, max(out_hw[0], 0) * max(out_hw[1], 0)), x.dtype)
+        return out if batched else out[0]
+    (ph, pw) = padding
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = [xp[:, :, rows, cols] for rows, cols in _patch_slices(out_hw, kernel_size, dilation, stride)]
+    out = jnp.stack(cols, axis=2).reshape(n, c * kk, out_hw[0] * out_hw[1])  # (N, C*kh*kw, L)
+    return out if batched else out[0]
 
 
-@lower(aten.gather.default)
-def gather(x, dim, index, sparse_grad=False):
-    if x.ndim == 0:
-        return jnp.broadcast_to(x, index.shape)
-    dim = dim % x.ndim
-    n = x.shape[dim]
-    _check_in_range(index, n, dim)
-    idx = index.astype(jnp.int64)
-    return x[_dim_grid(idx, dim)] if idx.size else jnp.zeros(idx.shape, x.dtype)
-
-
-def _scatter(x, dim, index, src, reduce=None):
-    if x.ndim == 0:
-        x = x.reshape(1)
-        index, src = index.reshape(-1), jnp.broadcast_to(src, (index.size,))
-        return _scatter(x, 0, index, src, reduce).reshape(())
-    dim = dim % x.ndim
-    n = x.shape[dim]
-    _check_in_range(index, n, dim)
-    if index.size == 0:
-        return x
-    src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else src[tuple(slice(0, s) for s in index.shape)]
-    src = cast(src, x.dtype)
-    at = x.at[_dim_grid(index.astype(jnp.int64), dim)]
-    if reduce is None:
-        return at.set(src)
-    if reduce in ("add", "sum"):
-        return at.add(src)
-    if reduce in ("multiply", "prod"):
-        return at.multiply(src)
-    if reduce == "amax":
-        return at.max(src)
-    if reduce == "amin":
-        return at.min(src)
-    raise ValueError(f"reduce argument must be either add or multiply, got {reduce}")
-
-
-@lower(aten.scatter.src, aten.scatter.value)
-def scatter(x, dim, index, src):
-    return _scatter(x, dim, index, src)
-
-
-@lower(aten.scatter.reduce, aten.scatter.value_reduce)
-def scatter_reduce_legacy(x, dim, index, src, reduce):
-    return _scatter(x, dim, index, src, reduce)
-
-
-@lower(aten.scatter_add.default)
-def scatter_add(x, dim, index, src):
-    return _scatter(x, dim, index, src, "add")
-
-
-def _advanced_index(x, indices):
-    """A numpy-style index tuple for ``x[indices]`` (None entries are full slices)."""
-    out = []
-    for d, i in enumerate(indices):
-        if i is None:
-            out.append(slice(None))
-        else:
-            if i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
-                raise RuntimeError("torch_jax internal error: boolean index reached the lowering")
-            check_bounds(i, x.shape[d], d)
-            out.append(wrap_index(i, x.shape[d]))
-    return tuple(out)
-
-
-@lower(aten.index.Tensor)
-def index(x, indices):
-    return x[_advanced_index(x, indices)]
-
-
-@lower(aten.index_put.default)
-def index_put(x, indices, values, accumulate=False):
-    idx = _advanced_index(x, indices)
-    values = cast(values, x.dtype)
-    return x.at[idx].add(values) if accumulate else x.at[idx].set(values)
-
-
-@lower(aten.index_add.default)
-def index_add(x, dim, index, source, alpha=1):
-    n = x.shape[dim] if x.ndim else 1
-    check_bounds(index, n, dim)
-    if x.ndim == 0:
-        return x + jnp.sum(source) * alpha
-    idx = [slice(None)] * x.ndim
-    idx[dim] = wrap_index(index, n)
-    return x.at[tuple(idx)].add(cast(source * alpha, x.dtype))
-
-
-@lower(aten.index_copy.default)
-def index_copy(x, dim, index, source):
-    n = x.shape[dim] if x.ndim else 1
-    check_bounds(index, n, dim)
-    if x.ndim == 0:
-        return jnp.reshape(source, ())
-    idx = [slice(None)] * x.ndim
-    idx[dim] = wrap_index(index, n)
-    return x.at[tuple(idx)].set(cast(source, x.dtype))
-
-
-@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
-def index_fill(x, dim, index, value):
-    n = x.shape[dim] if x.ndim else 1
-    check_bounds(index, n, dim)
-    if x.ndim == 0:
-        return jnp.where(index.size > 0, cast(value, x.dtype), x)
-    idx = [slice(None)] * x.ndim
-    idx[dim] = wrap_index(index, n)
-    return x.at[tuple(idx)].set(cast(value, x.dtype))
+@lower(aten.col2im.default)
+def col2im(cols, output_size, kernel_size, dilation, padding, stride):
+    batched = cols.ndim == 3
+    cols = cols if batched else cols[None]
+    n = cols.shape[0]
+    kk = kernel_size[0] * kernel_size[1]
+    out_hw = _blocks(output_size, kernel_size, dilation, padding, stride)
+    c = cols.shape[1] // kk
+    (ph, pw), (h, w) = padding, output_size
+    out = jnp.zeros((n, c, h + 2 * ph, w + 2 * pw), cols.dtype)
+    if min(out_hw) <= 0 or cols.size == 0:
+        out = out[:, :, ph : ph + h, pw : pw + w]
+        return out if batched else out[0]
+    cols = cols.reshape(n, c, kk, *out_hw)  # (N, C, kh*kw, oh, ow)
+    for k, (rows, cs) in enumerate(_patch_slices(out_hw, kernel_size, dilation, stride)):
+        out = out.at[:, :, rows, cs].add(cols[:, :, k])
+    out = out[:, :, ph : ph + h, pw : pw + w]
+    return out if batched else out[0]
 
 
 # ---------------------------------------------------------------- backward ops of views
@@ -245,6 +178,18 @@ def _diag_index(shape, offset, dim1, dim2):
 @lower(aten.diagonal_backward.default)
 def diagonal_backward(g, input_sizes, offset, dim1, dim2):
     return diagonal_scatter(jnp.zeros(tuple(input_sizes), g.dtype), g, offset, dim1, dim2)
+
+
+@lower(aten.unfold_backward.default)
+def unfold_backward(g, input_sizes, dim, size, step):
+    if not input_sizes:  # unfolding a 0-dim tensor gives one window of size 1
+        return g.reshape(())
+    d = dim % len(input_sizes)
+    n = g.shape[d]  # number of windows
+    pos = np.arange(n)[:, None] * step + np.arange(size)[None, :]  # (windows, size)
+    g = jnp.moveaxis(g, -1, d + 1)  # (..., windows, size, ...)
+    out = jnp.zeros(tuple(input_sizes), g.dtype)
+    return out.at[(slice(None),) * d + (pos,)].add(g)
 
 
 @lower(aten.diagonal_scatter.default)
@@ -281,24 +226,8 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
 def sort_stable(x, stable=None, dim=-1, descending=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
-    keys = -x if descending and x.dtype != jnp.bool_ else x
-    if descending and x.dtype == jnp.bool_:
-        keys = ~x
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        # NaN sorts as the largest value
-        nan = jnp.isnan(x)
-        keys = jnp.where(nan, jnp.inf if not descending else -jnp.inf, keys)
-        order = jnp.argsort(keys, axis=d, stable=True)
-        if descending:
-            nan_first = jnp.argsort(~jnp.take_along_axis(nan, order, axis=d), axis=d, stable=True)
-            order = jnp.take_along_axis(order, nan_first, axis=d)
-        else:
-            nan_last = jnp.argsort(jnp.take_along_axis(nan, order, axis=d), axis=d, stable=True)
-            order = jnp.take_along_axis(order, nan_last, axis=d)
-    else:
-        order = jnp.argsort(keys, axis=d, stable=True)
-    return jnp.take_along_axis(x, order, axis=d), order.astype(jnp.int64)
+    # NaN sorts as the largest value, -0.0 ties with 0.0, no negation (which wraps integers)
+    return _sort.stable_sort(x, dim % x.ndim, descending)
 
 
 @lower(aten.topk.default)

@@ -131,6 +131,11 @@ def index_put_(self, indices, values, accumulate=False):
     return _executor.run(_executor.SPECS[aten.index_put_.default], (self, list(indices), values, accumulate))
 
 
+def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    # what autograd's backward of indexing calls (with the forward's indices, masks included)
+    return index_put_(self, indices, values, accumulate)
+
+
 def index_put(self, indices, values, accumulate=False):
     return index_put_(self.clone(), indices, values, accumulate)
 
@@ -330,6 +335,7 @@ def kernels():
         (aten.index.Tensor, index),
         (aten.index_put_.default, index_put_),
         (aten.index_put.default, index_put),
+        (aten._index_put_impl_.default, _index_put_impl_),
         (aten._unique2.default, unique2),
         (aten._unique.default, unique),
         (aten.unique_consecutive.default, unique_consecutive),

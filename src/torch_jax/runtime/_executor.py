@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -455,9 +456,14 @@ def _unsupported_dtype(spec: OpSpec, args):
     if spec.random:
         return None
     e = _cpu_error(spec, args, limit=_DTYPE_PROBE_LIMIT)
-    if isinstance(e, NotImplementedError) and " not implemented for '" in str(e):
+    if isinstance(e, (NotImplementedError, RuntimeError)) and _DTYPE_ERROR.search(str(e)):
         return e
     return None
+
+
+# the CPU's messages for dtypes a kernel refuses ("abs_cpu" not implemented for 'Bool',
+# maximum not implemented for complex tensors, argmax(): does not support complex input)
+_DTYPE_ERROR = re.compile(r"not implemented for|does not support|not supported for|is not supported")
 
 
 def _layout(size, stride):
@@ -528,6 +534,10 @@ def _raise_failed_checks(checks, flags):
             raise exc_type(message.format(value=value))
 
 
+# writes the CPU allows through overlapping (expanded) views: every element gets one value
+_OVERLAP_OK = {torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
+
+
 def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     _counters["compiles"] += 1
     if config.debug >= 1:
@@ -536,7 +546,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     # the compiled entry outlives this call)
     targets = [None if t is None else (_TO_NP[t.dtype], tuple(t.shape)) for t in _write_targets(spec, args)]
     for t in _write_targets(spec, args):
-        if t is not None and _strided.has_internal_overlap(t.shape, t.stride()):
+        if t is not None and spec.op not in _OVERLAP_OK and _strided.has_internal_overlap(t.shape, t.stride()):
             raise RuntimeError(
                 "unsupported operation: more than one element of the written-to tensor refers to a "
                 "single memory location. Please clone() the tensor before performing the operation."

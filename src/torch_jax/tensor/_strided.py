@@ -128,8 +128,9 @@ def read_strided(flat, size, stride, offset):
 
 
 def has_internal_overlap(size, stride) -> bool:
-    """PyTorch's MemOverlap::Yes: some element is reachable through two indices."""
-    return any(n > 1 and s == 0 for n, s in zip(size, stride))
+    """PyTorch's MemOverlap::Yes: some element is reachable through two indices (an empty
+    tensor has no elements to overlap)."""
+    return math.prod(size) != 0 and any(n > 1 and s == 0 for n, s in zip(size, stride))
 
 
 def write_strided(flat, size, stride, offset, value):
@@ -138,6 +139,11 @@ def write_strided(flat, size, stride, offset, value):
     if math.prod(size) == 0:
         return flat
     value = jnp.broadcast_to(value.astype(flat.dtype), size)
+    if has_internal_overlap(size, stride):
+        # only fill_/zero_ write through an expanded view (every element gets one value):
+        # write the first element of each repeated dim
+        size = tuple(1 if s == 0 else n for n, s in zip(size, stride))
+        value = value[tuple(slice(0, n) for n in size)]
     order, chain = _plan(size, stride)
     if not chain:
         idx = _linear_index(size, stride, offset).reshape(-1)
