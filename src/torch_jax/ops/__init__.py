@@ -8,6 +8,7 @@ from torch_jax.ops import (  # noqa: F401
     _elementwise,
     _factories,
     _fft,
+    _grid_sample,
     _indexing,
     _interp,
     _linalg,

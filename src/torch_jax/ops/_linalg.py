@@ -62,7 +62,7 @@ def _first_true(flags):
 
 def _raise_on_info(info, message: str):
     """PyTorch's _linalg_check_errors inside a kernel; ``message`` formats {value} (info)."""
-    _context.check(jnp.any(info > 0), LinAlgError, message, jnp.max(info))
+    _context.check(jnp.any(info > 0), LinAlgError, message, jnp.max(info, initial=0))
 
 
 # ---------------------------------------------------------------- LU
