@@ -142,17 +142,25 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     return (total / jnp.asarray(counts, total.dtype)).astype(x.dtype)
 
 
-@lower(aten.avg_pool2d.default)
-def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+def _avg_pool_ops(nd: int, forward, backward):
+    """avg_pool{nd}d and its backward (the vector-Jacobian product of the forward)."""
+
+    def pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd)
+
+    def pool_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        _, vjp = jax.vjp(
+            lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd),
+            x,
+        )
+        return vjp(g.astype(x.dtype))[0]
+
+    lower(forward)(pool)
+    lower(backward)(pool_backward)
 
 
-@lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    _, vjp = jax.vjp(
-        lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2), x
-    )
-    return vjp(g.astype(x.dtype))[0]
+_avg_pool_ops(2, aten.avg_pool2d.default, aten.avg_pool2d_backward.default)
+_avg_pool_ops(3, aten.avg_pool3d.default, aten.avg_pool3d_backward.default)
 
 
 def _adaptive_avg(x, output_size):
@@ -174,29 +182,16 @@ def adaptive_avg_pool(x, output_size):
     return _adaptive_avg(x, list(output_size))
 
 
-@lower(aten._adaptive_avg_pool2d_backward.default)
-def adaptive_avg_pool2d_backward(g, x):
-    _, vjp = jax.vjp(lambda x_: _adaptive_avg(x_, list(g.shape[-2:])), x)
-    return vjp(g.astype(x.dtype))[0]
+def _adaptive_avg_backward(nd: int):
+    def backward(g, x):
+        _, vjp = jax.vjp(lambda x_: _adaptive_avg(x_, list(g.shape[-nd:])), x)
+        return vjp(g.astype(x.dtype))[0]
+
+    return backward
 
 
-@lower(aten._adaptive_avg_pool3d_backward.default)
-def adaptive_avg_pool3d_backward(g, x):
-    _, vjp = jax.vjp(lambda x_: _adaptive_avg(x_, list(g.shape[-3:])), x)
-    return vjp(g.astype(x.dtype))[0]
-
-
-@lower(aten.avg_pool3d.default)
-def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3)
-
-
-@lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    _, vjp = jax.vjp(
-        lambda x_: _avg_pool(x_, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3), x
-    )
-    return vjp(g.astype(x.dtype))[0]
+lower(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_backward(2))
+lower(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_backward(3))
 
 
 # ---------------------------------------------------------------- windows of varying bounds
