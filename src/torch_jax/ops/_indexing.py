@@ -180,7 +180,10 @@ def _advanced_index(x, indices):
         else:
             if i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
                 raise RuntimeError("torch_jax internal error: boolean index reached the lowering")
-            if visits:
+            if x.shape[d] == 0 and i.size:
+                # the CPU refuses any index into an empty dim, visited or not
+                _context.check(True, IndexError, "index is out of bounds for dimension with size 0")
+            elif visits:
                 check_bounds(i, x.shape[d], d)
             out.append(wrap_index(i, x.shape[d]))
     return tuple(out)
