@@ -19,7 +19,7 @@ from torch_jax.ops._promote import (
     cast,
     promote,
 )
-from torch_jax.ops._registry import aten, cpu_fallback, lower
+from torch_jax.ops._registry import aten, lower
 
 
 def unary(packet, fn, kind=DEFAULT, overload="default"):
@@ -125,10 +125,6 @@ unary(aten._conj_physical, lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
 # conj_physical_ has no functional twin of its name (conj_physical is composite): it
 # returns the new value of self
 lower(aten.conj_physical_.default)(lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
-cpu_fallback(
-    aten.conj_physical.out,
-    "the out= overload of a composite op: the executor derives out= only from a functional op of the same name",
-)
 unary(aten.sinc, lambda x: _opmath(_sinc, x), INT_TO_FLOAT)
 unary(aten.ceil, lambda x: jnp.ceil(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
 unary(aten.floor, lambda x: jnp.floor(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)

@@ -36,6 +36,13 @@ def addbmm_(self, batch1, batch2, *, beta=1, alpha=1):
     return self.copy_(result)
 
 
+def conj_physical_out(self, *, out):
+    # conj_physical is composite (it calls _conj_physical), so no out= is derived for it
+    from torch_jax.runtime._install import write_out
+
+    return write_out(aten._conj_physical.default(self), (out,), (self,))
+
+
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
@@ -49,5 +56,6 @@ def kernels():
         (aten.native_batch_norm.default, native_batch_norm),
         (aten.native_batch_norm.out, native_batch_norm_out),
         (aten.addbmm_.default, addbmm_),
+        (aten.conj_physical.out, conj_physical_out),
         (aten._fused_sdp_choice.default, fused_sdp_choice),
     ]
