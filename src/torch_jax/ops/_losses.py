@@ -9,7 +9,7 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._registry import aten, cpu_fallback, lower
+from torch_jax.ops._registry import aten, lower
 
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -285,9 +285,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
     return nll, jnp.swapaxes(log_alpha, 0, 1)
 
 
-# Its log_alpha's shape depends on the values of target_lengths: no Meta kernel, and no
-# static shape to trace with.
-cpu_fallback(aten._ctc_loss.Tensor, "log_alpha's shape depends on the values of target_lengths")
+# _ctc_loss.Tensor (lengths as tensors) is a kernel in runtime/_redirects: log_alpha's
+# shape depends on the values of target_lengths, so they are read to the host first.
 
 
 @lower(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)

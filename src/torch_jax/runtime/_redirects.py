@@ -43,6 +43,14 @@ def conj_physical_out(self, *, out):
     return write_out(aten._conj_physical.default(self), (out,), (self,))
 
 
+def ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    # log_alpha's shape depends on the values of target_lengths: read the lengths to the
+    # host, as PyTorch's CUDA kernel does, and run the int[] overload
+    return aten._ctc_loss.default(
+        log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank, zero_infinity
+    )
+
+
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
@@ -57,5 +65,6 @@ def kernels():
         (aten.native_batch_norm.out, native_batch_norm_out),
         (aten.addbmm_.default, addbmm_),
         (aten.conj_physical.out, conj_physical_out),
+        (aten._ctc_loss.Tensor, ctc_loss_tensor),
         (aten._fused_sdp_choice.default, fused_sdp_choice),
     ]
