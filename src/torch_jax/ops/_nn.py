@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._registry import aten, cpu_fallback, lower
+from torch_jax.ops._registry import aten, lower
 
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -181,10 +181,8 @@ def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum,
     return y, m, s, jnp.zeros((0,), jnp.uint8), new_mean, new_var
 
 
-# Like native_batch_norm it updates running_mean/running_var although its schema does not
-# mark them as written, so a lowering could not write them back; it has no CompositeImplicit
-# caller in the batch_norm path on this device.
-cpu_fallback(aten.batch_norm_update_stats.default, "updates running stats its schema does not mark as written")
+# batch_norm_update_stats updates running_mean/running_var although its schema does not
+# mark them as written, so it is a kernel (runtime/_redirects) built from lowered ops.
 
 
 @lower(aten.batch_norm_backward.default)

@@ -51,6 +51,27 @@ def ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, 
     )
 
 
+def batch_norm_update_stats(input, running_mean, running_var, momentum):
+    """(mean, biased var) over all dims but the channel dim; the running stats move by
+    ``momentum`` towards the mean and the unbiased var (its schema does not mark them as
+    written, so this is a kernel of lowered ops rather than a lowering)."""
+    dims = [0, *range(2, input.dim())]
+    n = input.numel() // max(input.size(1), 1)
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    mean = input.to(acc).mean(dims)
+    var = input.to(acc).var(dims, correction=0)
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+        if running_var is not None:
+            unbiased = var * (n / (n - 1)) if n > 1 else var
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    # half inputs with float32 running stats ("mixed") give float32 statistics, as on CPU
+    mixed = acc != input.dtype and running_mean is not None and running_mean.dtype == torch.float32
+    out = torch.float32 if mixed else input.dtype
+    return mean.to(out), var.to(out)
+
+
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
@@ -66,5 +87,6 @@ def kernels():
         (aten.addbmm_.default, addbmm_),
         (aten.conj_physical.out, conj_physical_out),
         (aten._ctc_loss.Tensor, ctc_loss_tensor),
+        (aten.batch_norm_update_stats.default, batch_norm_update_stats),
         (aten._fused_sdp_choice.default, fused_sdp_choice),
     ]
