@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._registry import aten, lower
+from torch_jax.ops._registry import aten, cpu_fallback, lower
 
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
@@ -495,3 +495,9 @@ def sdpa_overrideable_backward(
     if not has_bias:
         gb = jnp.zeros((0,), q.dtype)
     return gq, gk, gv, gb
+
+
+cpu_fallback(
+    aten.embedding_renorm_.default,
+    "not lowered yet: embedding(max_norm=...) renormalizes the looked-up rows in place",
+)

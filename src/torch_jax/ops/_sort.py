@@ -362,7 +362,9 @@ def nonzero_static(x, size, fill_value=-1):
 @lower(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     """The k-th True of ``mask`` (row-major) takes the k-th element of ``source``."""
-    m = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)  # out-of-place: x and mask broadcast together
+    x = jnp.broadcast_to(x, shape)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
     k = jnp.cumsum(m) - 1
     src = source.reshape(-1)
     _context.check(

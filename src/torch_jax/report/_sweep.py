@@ -92,6 +92,9 @@ TOLERANCE = {
     ("grid_sampler_2d", torch.float32): (1e-4, 1e-4),
     ("grid_sampler_3d", torch.float32): (1e-4, 2e-4),
     ("nn.functional.grid_sample", torch.float32): (1e-4, 1e-4),
+    # pocketfft and XLA's FFT, and LAPACK paths, round float32 differently at ~1e-5
+    ("fft.hfft2", torch.float32): (1e-4, 1e-4),
+    ("linalg.tensorsolve", torch.float32): (1e-4, 1e-4),
     # the CPU's own float32 CTC gradient is 7.6e-5 from the float64 one
     ("nn.functional.ctc_loss", torch.float32): (1e-4, 1e-4),
     # the gradient of a size-1 weight sums the whole input: summation order shows at 5e-5
