@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_jax.ops import _context
+from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
-
-_LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def _opmath(dtype):

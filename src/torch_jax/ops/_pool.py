@@ -10,9 +10,8 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops import _context
+from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
-
-_LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def _expand(v, nd):

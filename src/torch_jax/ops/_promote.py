@@ -90,3 +90,7 @@ def promote(*args, kind=DEFAULT):
     """The operands cast to the computation dtype, and the result dtype."""
     compute, result = dtypes(*args, kind=kind)
     return [None if a is None else cast(a, compute) for a in args], result
+
+
+# the half types, which PyTorch's CPU kernels compute in float32 ("opmath")
+LOW_PRECISION = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
