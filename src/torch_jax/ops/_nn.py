@@ -12,7 +12,8 @@ from jax import lax
 
 from torch_jax.ops import _context
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
-from torch_jax.ops._registry import aten, cpu_fallback, lower
+from torch_jax.ops._reductions import p_norm
+from torch_jax.ops._registry import aten, lower
 
 
 def _f32(x):
@@ -496,7 +497,16 @@ def sdpa_overrideable_backward(
     return gq, gk, gv, gb
 
 
-cpu_fallback(
-    aten.embedding_renorm_.default,
-    "not lowered yet: embedding(max_norm=...) renormalizes the looked-up rows in place",
-)
+@lower(aten.embedding_renorm.default, static=("norm_type",))
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """What ``embedding(max_norm=...)`` does first: every looked-up row whose norm exceeds
+    ``max_norm`` is scaled by ``max_norm / (norm + 1e-7)``, the scale taken in double as on
+    the CPU; a row looked up twice is scaled once."""
+    # (Meta checks the dims and index dtypes)
+    idx = indices.reshape(-1).astype(jnp.int64)
+    check_index(idx, weight.shape[0])
+    rows = weight[idx]
+    norm = p_norm(jnp.abs(_f32(rows)), norm_type, 1).astype(rows.dtype).astype(jnp.float64)
+    scale = (max_norm / (norm + 1e-7)).astype(rows.dtype)
+    rows = jnp.where((norm > max_norm)[:, None], rows * scale[:, None], rows)
+    return weight.at[idx].set(rows)

@@ -231,24 +231,26 @@ def logsumexp(x, dim, keepdim=False):
     return cast(jax.nn.logsumexp(xa, axis=axes(x, dim), keepdims=keepdim), out)
 
 
+def p_norm(xa, ord, ax, keepdim=False):
+    """The ``ord``-norm of the absolute values ``xa`` over axes ``ax``, as torch.linalg.vector_norm."""
+    if ord == float("inf"):
+        return jnp.max(xa, axis=ax, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(xa, axis=ax, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((xa != 0).astype(xa.dtype), axis=ax, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(xa, axis=ax, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(xa * xa, axis=ax, keepdims=keepdim))
+    return jnp.sum(xa**ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
+
+
 @lower(aten.linalg_vector_norm.default, static=("ord",))
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     out = _context.out_dtype()
     xa = jnp.abs(_acc(x, np.dtype(jnp.float32) if x.dtype in _LOW else x.dtype))
-    ax = axes(x, dim)
-    if ord == float("inf"):
-        r = jnp.max(xa, axis=ax, keepdims=keepdim)
-    elif ord == float("-inf"):
-        r = jnp.min(xa, axis=ax, keepdims=keepdim)
-    elif ord == 0:
-        r = jnp.sum((xa != 0).astype(xa.dtype), axis=ax, keepdims=keepdim)
-    elif ord == 1:
-        r = jnp.sum(xa, axis=ax, keepdims=keepdim)
-    elif ord == 2:
-        r = jnp.sqrt(jnp.sum(xa * xa, axis=ax, keepdims=keepdim))
-    else:
-        r = jnp.sum(xa**ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
-    return cast(r, out)
+    return cast(p_norm(xa, ord, axes(x, dim), keepdim), out)
 
 
 @lower(aten.cumsum.default)

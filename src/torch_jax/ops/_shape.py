@@ -10,7 +10,7 @@ from jax import lax
 
 from torch_jax.ops import _context, _sort
 from torch_jax.ops._promote import cast
-from torch_jax.ops._registry import aten, cpu_fallback, lower
+from torch_jax.ops._registry import aten, lower
 from torch_jax.tensor import _strided
 
 
@@ -237,9 +237,3 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     d = dim % x.ndim
     vals, idx = sort_stable(x, True, d, largest)
     return lax.slice_in_dim(vals, 0, k, axis=d), lax.slice_in_dim(idx, 0, k, axis=d)
-
-
-cpu_fallback(
-    aten.repeat_interleave.Tensor,
-    "not lowered yet: the output size is the sum of the repeats (a data-dependent shape)",
-)

@@ -1,5 +1,6 @@
 """Ops whose output shape depends on values: nonzero, masked_select, indexing with
-boolean masks, unique/unique_consecutive, bincount, and equal (a host bool).
+boolean masks, unique/unique_consecutive, bincount, repeat_interleave with a tensor of
+repeats, and equal (a host bool).
 
 NOTE [Data-dependent shapes]: XLA computations have static shapes, so these ops count
 first (one small computation and a read of one integer back to the host), then run a
@@ -295,6 +296,38 @@ def bincount(self, weights=None, minlength=0):
     return _storage.new_tensor(out.shape, dtype, _index_of(self), out)
 
 
+# ---------------------------------------------------------------- repeat_interleave
+
+
+@jax.jit
+def _total_and_min(repeats):
+    return jnp.stack([jnp.sum(repeats.astype(jnp.int64)), jnp.min(repeats.astype(jnp.int64), initial=0)])
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeat_index(repeats, size):
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=size)
+
+
+def repeat_interleave(repeats, output_size=None):
+    """``repeat_interleave(repeats)``: index i repeated repeats[i] times (what
+    ``x.repeat_interleave(tensor, dim)`` gathers with). The total is read from the device."""
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        from torch_jax.runtime._install import _dtype_name
+
+        raise NotImplementedError(f"\"repeat_interleave_cpu\" not implemented for '{_dtype_name(repeats.dtype)}'")
+    arr = _copy.logical_array(repeats)
+    total, low = (int(v) for v in _copy.to_numpy(_total_and_min(arr)))
+    if low < 0:
+        raise RuntimeError("repeats can not be negative")
+    if output_size is not None and output_size != total:
+        raise RuntimeError("allocated size does not match required size")
+    out = _repeat_index(arr, _bucket(total))[:total] if total else jnp.zeros((0,), arr.dtype)
+    return _storage.new_tensor(out.shape, repeats.dtype, _index_of(repeats), out)
+
+
 # ---------------------------------------------------------------- equal
 
 
@@ -343,6 +376,7 @@ def kernels():
         (aten.unique_dim_consecutive.default, unique_dim_consecutive),
         (aten.bincount.default, bincount),
         (aten.equal.default, equal),
+        (aten.repeat_interleave.Tensor, repeat_interleave),
         (aten.nonzero.out, _out_kernel(nonzero, _OUT1)),
         (aten.masked_select.out, _out_kernel(masked_select, _OUT1)),
         (aten._unique2.out, _out_kernel(unique2, _OUT3)),
@@ -351,4 +385,5 @@ def kernels():
         (aten.unique_dim.out, _out_kernel(unique_dim, _OUT3)),
         (aten.unique_dim_consecutive.out, _out_kernel(unique_dim_consecutive, _OUT3)),
         (aten.bincount.out, _out_kernel(bincount, _OUT1)),
+        (aten.repeat_interleave.Tensor_out, _out_kernel(repeat_interleave, _OUT1)),
     ]
