@@ -17,6 +17,7 @@ from torch_jax.ops._promote import (
     DEFAULT,
     INT_TO_FLOAT,
     cast,
+    in_opmath,
     promote,
 )
 from torch_jax.ops._registry import aten, lower
@@ -46,13 +47,6 @@ def binary(packet, fn, kind=DEFAULT, overloads=("Tensor", "Scalar")):
 
         lowering.__name__ = f"{op._schema.name.split('::')[1]}_{overload}"
         lower(op)(lowering)
-
-
-def _opmath(fn, x):
-    """``fn`` computed in float32 for the half types, as PyTorch's CPU kernels do."""
-    if x.dtype in (jnp.float16, jnp.bfloat16):
-        return fn(x.astype(jnp.float32)).astype(x.dtype)
-    return fn(x)
 
 
 def _rounded(x):
@@ -125,7 +119,7 @@ unary(aten._conj_physical, lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
 # conj_physical_ has no functional twin of its name (conj_physical is composite): it
 # returns the new value of self
 lower(aten.conj_physical_.default)(lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
-unary(aten.sinc, lambda x: _opmath(_sinc, x), INT_TO_FLOAT)
+unary(aten.sinc, lambda x: in_opmath(_sinc, x), INT_TO_FLOAT)
 unary(aten.ceil, lambda x: jnp.ceil(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
 unary(aten.floor, lambda x: jnp.floor(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)
 unary(aten.round, lambda x: jnp.round(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x)

@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from torch_jax.ops._promote import opmath_dtype
 from torch_jax.ops._registry import aten, lower
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
@@ -124,21 +125,16 @@ def _sample(x, grid, mode: int, padding_mode: int, align_corners: bool):
     return out
 
 
-def _opmath(dtype):
-    """Half types compute in float32 (the CPU's opmath type): pixel coordinates need it."""
-    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-
-
 @lower(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
-    acc = _opmath(x.dtype)
+    acc = opmath_dtype(x.dtype)
     out = _sample(x.astype(acc), grid.astype(acc), interpolation_mode, padding_mode, align_corners)
     return out.astype(x.dtype)
 
 
 @lower(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
 def grid_sampler_backward(g, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    acc = _opmath(x.dtype)
+    acc = opmath_dtype(x.dtype)
     _, vjp = jax.vjp(
         lambda a, b: _sample(a, b, interpolation_mode, padding_mode, align_corners), x.astype(acc), grid.astype(acc)
     )

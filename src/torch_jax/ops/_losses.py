@@ -8,13 +8,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from torch_jax.ops import _context
-from torch_jax.ops._promote import LOW_PRECISION as _LOW
+from torch_jax.ops._promote import opmath
 from torch_jax.ops._registry import aten, lower
-
-
-def _f32(x):
-    return x.astype(jnp.float32) if x.dtype in _LOW else x
-
 
 # ---------------------------------------------------------------- pointwise losses
 
@@ -94,11 +89,11 @@ def binary_cross_entropy(x, y, weight=None, reduction=1):
 
 @lower(aten.binary_cross_entropy_backward.default)
 def binary_cross_entropy_backward(g, x, y, weight=None, reduction=1):
-    gf, xf, yf = _f32(g), _f32(x), _f32(y)
+    gf, xf, yf = opmath(g), opmath(x), opmath(y)
     # the CPU kernel's clamp of the denominator (EPSILON = 1e-12)
     v = gf * (xf - yf) / jnp.maximum((1 - xf) * xf, 1e-12)
     if weight is not None:
-        v = v * _f32(weight)
+        v = v * opmath(weight)
     if reduction == 1 and x.size:
         v = v / x.size
     return v.astype(x.dtype)
@@ -106,7 +101,7 @@ def binary_cross_entropy_backward(g, x, y, weight=None, reduction=1):
 
 @lower(aten.huber_loss.default)
 def huber_loss(x, y, reduction=1, delta=1.0):
-    z = jnp.abs(_f32(x) - _f32(y))  # float16 computes in float32, as on CPU
+    z = jnp.abs(opmath(x) - opmath(y))  # float16 computes in float32, as on CPU
     return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction).astype(x.dtype)
 
 
@@ -146,7 +141,7 @@ def _frame_reduce(per_frame, reduction, shape):
 
 
 def _multi_margin(x, target, p, margin, weight, reduction):
-    xf = _f32(_frames(x))  # (N, C)
+    xf = opmath(_frames(x))  # (N, C)
     n, c = xf.shape
     t = target.reshape(-1).astype(jnp.int64)
     bad = (t < 0) | (t >= c)
@@ -157,7 +152,7 @@ def _multi_margin(x, target, p, margin, weight, reduction):
     h = jnp.where(z > 0, z, 0)
     h = jnp.where(p == 1, h, h * h)
     if weight is not None:
-        h = h * _f32(weight)[t][:, None]
+        h = h * opmath(weight)[t][:, None]
     h = jnp.where(jnp.arange(c)[None, :] == t[:, None], 0, h)  # the target class itself is skipped
     per_frame = jnp.sum(h, axis=1) / c
     shape = target.shape if x.ndim > 1 else ()
@@ -171,13 +166,13 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
 
 @lower(aten.multi_margin_loss_backward.default)
 def multi_margin_loss_backward(g, x, target, p, margin, weight=None, reduction=1):
-    _, vjp = jax.vjp(lambda x_: _multi_margin(x_, target, p, margin, weight, reduction), _f32(x))
-    return vjp(_f32(g).reshape(_multi_margin(x, target, p, margin, weight, reduction).shape))[0].astype(x.dtype)
+    _, vjp = jax.vjp(lambda x_: _multi_margin(x_, target, p, margin, weight, reduction), opmath(x))
+    return vjp(opmath(g).reshape(_multi_margin(x, target, p, margin, weight, reduction).shape))[0].astype(x.dtype)
 
 
 def _multilabel_margin(x, target, reduction):
     """The loss and the is_target mask: target rows list class indices, ended by the first -1."""
-    xf = _f32(_frames(x))  # (N, C)
+    xf = opmath(_frames(x))  # (N, C)
     n, c = xf.shape
     t = _frames(target).astype(jnp.int64)  # (N, C)
     valid = jnp.cumprod(t >= 0, axis=1).astype(jnp.bool_)  # the labels before the first negative one
@@ -201,8 +196,8 @@ def multilabel_margin_loss_forward(x, target, reduction):
 
 @lower(aten.multilabel_margin_loss_backward.default)
 def multilabel_margin_loss_backward(g, x, target, reduction, is_target):
-    loss, vjp = jax.vjp(lambda x_: _multilabel_margin(x_, target, reduction)[0], _f32(x))
-    return vjp(_f32(g).reshape(loss.shape))[0].astype(x.dtype)
+    loss, vjp = jax.vjp(lambda x_: _multilabel_margin(x_, target, reduction)[0], opmath(x))
+    return vjp(opmath(g).reshape(loss.shape))[0].astype(x.dtype)
 
 
 # ---------------------------------------------------------------- CTC

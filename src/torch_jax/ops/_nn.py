@@ -12,13 +12,9 @@ from jax import lax
 
 from torch_jax.ops import _context
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
+from torch_jax.ops._promote import opmath
 from torch_jax.ops._reductions import p_norm
 from torch_jax.ops._registry import aten, lower
-
-
-def _f32(x):
-    return x.astype(jnp.float32) if x.dtype in _LOW else x
-
 
 # ---------------------------------------------------------------- softmax
 
@@ -27,21 +23,21 @@ def _f32(x):
 def softmax(x, dim, half_to_float):
     out = _context.out_dtype()
     if x.ndim == 0:  # exp(x - x): NaN for infinite x, as on CPU
-        return jnp.exp(_f32(x) - _f32(x)).astype(out)
-    return jax.nn.softmax(_f32(x), axis=dim).astype(out)
+        return jnp.exp(opmath(x) - opmath(x)).astype(out)
+    return jax.nn.softmax(opmath(x), axis=dim).astype(out)
 
 
 @lower(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
     out = _context.out_dtype()
     if x.ndim == 0:
-        return (_f32(x) - _f32(x)).astype(out)
-    return jax.nn.log_softmax(_f32(x), axis=dim).astype(out)
+        return (opmath(x) - opmath(x)).astype(out)
+    return jax.nn.log_softmax(opmath(x), axis=dim).astype(out)
 
 
 @lower(aten._softmax_backward_data.default)
 def softmax_backward_data(g, y, dim, input_dtype):
-    g32, y32 = _f32(g), _f32(y)
+    g32, y32 = opmath(g), opmath(y)
     if y.ndim == 0:
         return jnp.zeros_like(g)
     return (y32 * (g32 - jnp.sum(g32 * y32, axis=dim, keepdims=True))).astype(_context.out_dtype())
@@ -49,7 +45,7 @@ def softmax_backward_data(g, y, dim, input_dtype):
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(g, y, dim, input_dtype):
-    g32, y32 = _f32(g), _f32(y)
+    g32, y32 = opmath(g), opmath(y)
     if y.ndim == 0:
         return jnp.zeros_like(g)
     return (g32 - jnp.exp(y32) * jnp.sum(g32, axis=dim, keepdims=True)).astype(_context.out_dtype())
@@ -67,15 +63,15 @@ def _stats_axes(x, normalized_ndim):
 @lower(aten.native_layer_norm.default, trust_meta=False)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     ax = _stats_axes(x, len(normalized_shape))
-    xf = _f32(x)
+    xf = opmath(x)
     mean = jnp.mean(xf, axis=ax, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=ax, keepdims=True)
     rstd = lax.rsqrt(var + eps)
     y = (xf - mean) * rstd
     if weight is not None:
-        y = y * _f32(weight)
+        y = y * opmath(weight)
     if bias is not None:
-        y = y + _f32(bias)
+        y = y + opmath(bias)
     return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
@@ -83,10 +79,10 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     ax = _stats_axes(x, len(normalized_shape))
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
-    gf, xf = _f32(g), _f32(x)
-    mean, rstd = _f32(mean), _f32(rstd)
+    gf, xf = opmath(g), opmath(x)
+    mean, rstd = opmath(mean), opmath(rstd)
     x_hat = (xf - mean) * rstd
-    dx_hat = gf * _f32(weight) if weight is not None else gf
+    dx_hat = gf * opmath(weight) if weight is not None else gf
     n = 1
     for a in ax:
         n *= x.shape[a]
@@ -115,7 +111,7 @@ def _param_dtype(x, *params):
 
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     axes = (0,) + tuple(range(2, x.ndim))
-    xf = _f32(x)
+    xf = opmath(x)
     c = _channel_shape(x)
     if training:
         pdt = _param_dtype(x, weight, bias, running_mean, running_var)
@@ -125,21 +121,21 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
         n = x.size // x.shape[1]
         new_mean = new_var = None
         if running_mean is not None:
-            new_mean = ((1 - momentum) * _f32(running_mean) + momentum * mean).astype(running_mean.dtype)
+            new_mean = ((1 - momentum) * opmath(running_mean) + momentum * mean).astype(running_mean.dtype)
         if running_var is not None:
             unbiased = var * (n / max(n - 1, 1))
-            new_var = ((1 - momentum) * _f32(running_var) + momentum * unbiased).astype(running_var.dtype)
+            new_var = ((1 - momentum) * opmath(running_var) + momentum * unbiased).astype(running_var.dtype)
         # the CPU kernel normalizes with the statistics as saved (rounded to float16 if so)
-        mean, invstd = _f32(mean.astype(pdt)), _f32(invstd.astype(pdt))
+        mean, invstd = opmath(mean.astype(pdt)), opmath(invstd.astype(pdt))
         save_mean, save_invstd = mean.astype(pdt), invstd.astype(pdt)
     else:
-        mean = _f32(running_mean)
-        invstd = lax.rsqrt(_f32(running_var) + eps)
+        mean = opmath(running_mean)
+        invstd = lax.rsqrt(opmath(running_var) + eps)
         new_mean = new_var = None
         save_mean, save_invstd = mean, invstd
     # x * alpha + beta per channel, the CPU kernel's form (it rounds alike in float16)
-    alpha = invstd if weight is None else invstd * _f32(weight)
-    beta = -mean * alpha if bias is None else _f32(bias) - mean * alpha
+    alpha = invstd if weight is None else invstd * opmath(weight)
+    beta = -mean * alpha if bias is None else opmath(bias) - mean * alpha
     y = xf * alpha.reshape(c) + beta.reshape(c)
     return y.astype(x.dtype), save_mean, save_invstd, new_mean, new_var
 
@@ -200,13 +196,13 @@ def native_batch_norm_backward(
 ):
     axes = (0,) + tuple(range(2, x.ndim))
     c = _channel_shape(x)
-    gf, xf = _f32(g), _f32(x)
+    gf, xf = opmath(g), opmath(x)
     if train:
         mean, invstd = save_mean, save_invstd
     else:
-        mean, invstd = _f32(running_mean), lax.rsqrt(_f32(running_var) + eps)
+        mean, invstd = opmath(running_mean), lax.rsqrt(opmath(running_var) + eps)
     x_hat = (xf - mean.reshape(c)) * invstd.reshape(c)
-    w = _f32(weight).reshape(c) if weight is not None else 1.0
+    w = opmath(weight).reshape(c) if weight is not None else 1.0
     if train:
         dx_hat = gf * w
         grad_input = invstd.reshape(c) * (
@@ -224,29 +220,29 @@ def native_batch_norm_backward(
 @lower(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
     if x.size == 0:  # as on CPU: mean 0 and rstd NaN over empty groups
-        mean = jnp.zeros((n, group), _f32(x).dtype)
+        mean = jnp.zeros((n, group), opmath(x).dtype)
         return x, mean, jnp.full((n, group), jnp.nan, mean.dtype)
-    xf = _f32(x).reshape(n, group, -1)
+    xf = opmath(x).reshape(n, group, -1)
     mean = jnp.mean(xf, axis=2)
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=2)
     rstd = lax.rsqrt(var + eps)
     y = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     cs = _channel_shape(x)
     if weight is not None:
-        y = y * _f32(weight).reshape(cs)
+        y = y * opmath(weight).reshape(cs)
     if bias is not None:
-        y = y + _f32(bias).reshape(cs)
+        y = y + opmath(bias).reshape(cs)
     return y.astype(x.dtype), mean, rstd
 
 
 @lower(aten.native_group_norm_backward.default)
 def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output_mask):
     # y = (x - mean) * rstd * w + b with the saved statistics
-    xf = _f32(x).reshape(n, group, -1)
+    xf = opmath(x).reshape(n, group, -1)
     x_hat = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     cs = _channel_shape(x)
-    gf = _f32(g)
-    w = _f32(weight).reshape(cs) if weight is not None else 1.0
+    gf = opmath(g)
+    w = opmath(weight).reshape(cs) if weight is not None else 1.0
     dx_hat = (gf * w).reshape(n, group, -1)
     xh = x_hat.reshape(n, group, -1)
     grad_input = (
@@ -271,7 +267,7 @@ def native_dropout(x, p, train):
 @lower(aten.native_dropout_backward.default)
 def native_dropout_backward(g, mask, scale):
     out = _context.out_dtype()  # a bool gradient times the float scale is float
-    gm = _f32(g.astype(out)) * mask.astype(_f32(g.astype(out)).dtype)
+    gm = opmath(g.astype(out)) * mask.astype(opmath(g.astype(out)).dtype)
     return (gm * scale).astype(out)
 
 
@@ -298,7 +294,7 @@ def embedding_dense_backward(g, indices, num_weights, padding_idx, scale_grad_by
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), gf.dtype).at[idx].add(1)
         gf = gf / counts[idx][:, None]
-    out = jnp.zeros((num_weights, gf.shape[1]), _f32(gf).dtype).at[idx].add(_f32(gf))
+    out = jnp.zeros((num_weights, gf.shape[1]), opmath(gf).dtype).at[idx].add(opmath(gf))
     return out.astype(g.dtype)
 
 
@@ -317,7 +313,7 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
     check_index(idx, weight.shape[0])
     bag = _offset2bag(offsets, n, num_bags)  # (n,)
     valid = (idx != padding_idx) & (bag >= 0)
-    rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))  # (n, D)
+    rows = opmath(jnp.take(weight, idx, axis=0, mode="clip"))  # (n, D)
     counts = jax.ops.segment_sum(valid.astype(jnp.int64), bag, num_bags)  # (B,)
     itype = indices.dtype
     if mode == 2:
@@ -332,7 +328,7 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
         out = jnp.where(counts[:, None] > 0, best, 0)
         return out.astype(weight.dtype), bag.astype(itype), counts.astype(itype), max_indices.astype(itype)
     if per_sample_weights is not None:
-        rows = rows * _f32(per_sample_weights)[:, None]
+        rows = rows * opmath(per_sample_weights)[:, None]
     out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_bags)  # (B, D)
     if mode == 1:
         out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
@@ -360,7 +356,7 @@ def _embedding_bag_grad(
     g, indices, bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, psw, padding_idx
 ):
     idx = indices.astype(jnp.int64)
-    gf = _f32(g)
+    gf = opmath(g)
     if mode == 2:
         nonempty = (bag_size > 0)[:, None]
         cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
@@ -370,7 +366,7 @@ def _embedding_bag_grad(
     valid = (idx != padding_idx) & (bag >= 0)
     rows = gf[jnp.clip(bag, 0)]  # (n, D)
     if psw is not None:
-        rows = rows * _f32(psw)[:, None]
+        rows = rows * opmath(psw)[:, None]
     if mode == 1:
         rows = rows / jnp.maximum(bag_size[jnp.clip(bag, 0)], 1)[:, None].astype(rows.dtype)
     if scale_grad_by_freq:
@@ -407,8 +403,8 @@ def embedding_bag_per_sample_weights_backward(g, weight, indices, offsets, offse
     """d(output)/d(per_sample_weights) (sum mode): each index's row dotted with its bag's gradient."""
     idx = indices.astype(jnp.int64)
     bag = _offset2bag(offsets, idx.shape[0], g.shape[0])
-    rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))
-    v = jnp.sum(_f32(g)[jnp.clip(bag, 0)] * rows, axis=1)
+    rows = opmath(jnp.take(weight, idx, axis=0, mode="clip"))
+    v = jnp.sum(opmath(g)[jnp.clip(bag, 0)] * rows, axis=1)
     return jnp.where((idx != padding_idx) & (bag >= 0), v, 0).astype(g.dtype)
 
 
@@ -423,7 +419,7 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
     if q.ndim >= 3 and hq != hk:  # grouped-query attention: repeat key/value heads
         k = jnp.repeat(k, hq // hk, axis=-3)
         v = jnp.repeat(v, hq // hk, axis=-3)
-    s = jnp.einsum("...le,...se->...ls", _f32(q), _f32(k), precision=lax.Precision.HIGHEST) * scale
+    s = jnp.einsum("...le,...se->...ls", opmath(q), opmath(k), precision=lax.Precision.HIGHEST) * scale
     L, S = s.shape[-2], s.shape[-1]
     if is_causal:
         causal = jnp.tril(jnp.ones((L, S), jnp.bool_))
@@ -432,13 +428,13 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
         if bias.dtype == jnp.bool_:
             s = jnp.where(bias, s, -jnp.inf)
         else:
-            s = s + _f32(bias)
+            s = s + opmath(bias)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - lse[..., None])
     if dropout_p > 0:
         keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
-    out = jnp.einsum("...ls,...sv->...lv", p, _f32(v), precision=lax.Precision.HIGHEST)
+    out = jnp.einsum("...ls,...sv->...lv", p, opmath(v), precision=lax.Precision.HIGHEST)
     return out.astype(q.dtype), lse
 
 
@@ -506,7 +502,7 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     idx = indices.reshape(-1).astype(jnp.int64)
     check_index(idx, weight.shape[0])
     rows = weight[idx]
-    norm = p_norm(jnp.abs(_f32(rows)), norm_type, 1).astype(rows.dtype).astype(jnp.float64)
+    norm = p_norm(jnp.abs(opmath(rows)), norm_type, 1).astype(rows.dtype).astype(jnp.float64)
     scale = (max_norm / (norm + 1e-7)).astype(rows.dtype)
     rows = jnp.where((norm > max_norm)[:, None], rows * scale[:, None], rows)
     return weight.at[idx].set(rows)

@@ -94,3 +94,20 @@ def promote(*args, kind=DEFAULT):
 
 # the half types, which PyTorch's CPU kernels compute in float32 ("opmath")
 LOW_PRECISION = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def opmath_dtype(dtype):
+    """The dtype PyTorch's CPU kernels compute ``dtype`` in: float32 for the half types."""
+    return np.dtype(jnp.float32) if np.dtype(dtype) in LOW_PRECISION else dtype
+
+
+def opmath(x):
+    """``x`` in its opmath dtype (half types widened to float32)."""
+    return x.astype(jnp.float32) if x.dtype in LOW_PRECISION else x
+
+
+def in_opmath(fn, *xs):
+    """``fn(*xs)`` computed in opmath and cast back to the first operand's dtype."""
+    if xs[0].dtype in LOW_PRECISION:
+        return fn(*(opmath(x) for x in xs)).astype(xs[0].dtype)
+    return fn(*xs)

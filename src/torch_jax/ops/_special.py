@@ -16,15 +16,8 @@ import numpy as np
 from jax import lax
 
 from torch_jax.ops._context import check
-from torch_jax.ops._promote import INT_TO_FLOAT, cast, promote
+from torch_jax.ops._promote import INT_TO_FLOAT, cast, in_opmath, promote
 from torch_jax.ops._registry import aten, lower
-
-
-def _opmath(fn, *xs):
-    """``fn`` of ``xs`` computed in float32 when they are half types (PyTorch's opmath)."""
-    if xs[0].dtype in (jnp.float16, jnp.bfloat16):
-        return fn(*(x.astype(jnp.float32) for x in xs)).astype(xs[0].dtype)
-    return fn(*xs)
 
 
 def special(op, fn):
@@ -32,7 +25,7 @@ def special(op, fn):
 
     def lowering(x):
         (x,), out = promote(x, kind=INT_TO_FLOAT)
-        return cast(_opmath(fn, x), out)
+        return cast(in_opmath(fn, x), out)
 
     lowering.__name__ = op._schema.name.split("::")[1]
     lower(op)(lowering)
@@ -47,7 +40,7 @@ def special2(packet, fn, overloads=("default", "other_scalar", "self_scalar")):
 
         def lowering(a, b):
             (a, b), out = promote(a, b, kind=INT_TO_FLOAT)
-            return cast(_opmath(fn, *jnp.broadcast_arrays(a, b)), out)
+            return cast(in_opmath(fn, *jnp.broadcast_arrays(a, b)), out)
 
         lowering.__name__ = f"{op._schema.name.split('::')[1]}_{overload}"
         lower(op)(lowering)
@@ -115,7 +108,7 @@ special(aten.digamma.default, _digamma)
 @lower(aten.polygamma.default)
 def polygamma(n, x):
     (x,), out = promote(x, kind=INT_TO_FLOAT)
-    return cast(_opmath(lambda x: _polygamma(n, x), x), out)
+    return cast(in_opmath(lambda x: _polygamma(n, x), x), out)
 
 
 @lower(aten.mvlgamma.default)
@@ -127,7 +120,7 @@ def mvlgamma(x, p):
         terms = sum(lax.lgamma(x - i / 2) for i in range(p))
         return terms + p * (p - 1) / 4 * math.log(math.pi)
 
-    return cast(_opmath(fn, x), out)
+    return cast(in_opmath(fn, x), out)
 
 
 def _igamma(a, x, upper: bool):
