@@ -60,6 +60,14 @@ def init() -> None:
     _state()
 
 
+def __getattr__(name: str):
+    # ``torch.utils.checkpoint`` saves and restores a device's RNG state only if its
+    # module says ``_initialized`` (a module global in torch.cuda)
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.jax' has no attribute {name!r}")
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

@@ -60,7 +60,7 @@ def register() -> None:
             )
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        from torch_jax.device import _module
+        from torch_jax.device import _module, _patches
 
         if current == "privateuseone":
             _setup_privateuseone_for_python_backend(
@@ -74,6 +74,7 @@ def register() -> None:
         fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         _libs.append(fallback)
         _patch_untyped_storage()
+        _patches.install()
         _registered = True
 
 
