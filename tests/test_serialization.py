@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 import torch
+
 from conftest import to_cpu
 
 
