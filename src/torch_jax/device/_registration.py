@@ -60,7 +60,7 @@ def register() -> None:
             )
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        from torch_jax.device import _module, _patches
+        from torch_jax.device import _accelerator, _autocast, _module, _patches
 
         if current == "privateuseone":
             _setup_privateuseone_for_python_backend(
@@ -72,9 +72,11 @@ def register() -> None:
         # registers no fallthrough for it (it does for CUDA), so without this every op
         # under autocast fails. Per-op autocast kernels can still be registered on top.
         fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+        _autocast.register()  # the CUDA autocast policy, one kernel per op (device/_autocast.py)
         _libs.append(fallback)
         _patch_untyped_storage()
         _patches.install()
+        _accelerator.install()  # torch.accelerator, Stream/Event, pinning, Generator
         _registered = True
 
 

@@ -84,6 +84,11 @@ def next_key(index: int) -> np.ndarray:
         state = _rng[index]
         seed, offset = state
         state[1] = (offset + 1) & _MASK64
+    return key_words(seed, offset)
+
+
+def key_words(seed: int, offset: int) -> np.ndarray:
+    """The 4 uint32 words a random lowering's key is built from."""
     return np.array([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
 
 
