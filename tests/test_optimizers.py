@@ -22,10 +22,11 @@ OPTIMIZERS = {
 }
 
 
-def _train(device, name, foreach, clip):
+def _train(device, name, foreach, clip, fused=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double().to(device)
-    opt = getattr(torch.optim, name)(model.parameters(), foreach=foreach, **OPTIMIZERS[name])
+    how = dict(fused=True) if fused else dict(foreach=foreach)
+    opt = getattr(torch.optim, name)(model.parameters(), **how, **OPTIMIZERS[name])
     x = torch.randn(5, 4, dtype=torch.float64).to(device)
     for _ in range(3):
         opt.zero_grad()
@@ -50,3 +51,45 @@ def test_optimizer_steps_match_cpu(name, foreach):
 def test_gradient_clipping_matches_cpu(clip, foreach):
     for got, expected in zip(_train("jax", "SGD", foreach, clip), _train("cpu", "SGD", foreach, clip)):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "Adagrad"])
+def test_fused_optimizers_match_cpu(name):
+    """``fused=True`` (the default of Hugging Face's Trainer): one computation per step."""
+    for got, expected in zip(_train("jax", name, None, None, fused=True), _train("cpu", name, None, None, fused=True)):
+        torch.testing.assert_close(got, expected)
+
+
+def _fused_amp_steps(device, scheduled_lr, base_lr=0.01):
+    """Fused AdamW with an LR scheduler and a GradScaler that meets an inf gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device)
+    lr = torch.tensor(base_lr) if scheduled_lr == "tensor" else base_lr
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=True)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=4)
+    scaler = torch.amp.GradScaler(device, init_scale=1024.0)
+    x = torch.randn(5, 4).to(device)
+    for step in range(4):
+        opt.zero_grad()
+        scaler.scale(model(x).pow(2).sum()).backward()
+        if step == 1:
+            model[0].weight.grad[0, 0] = float("inf")  # this step is skipped, the scale halves
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+    return [p.detach().cpu() for p in model.parameters()] + [torch.tensor(scaler.get_scale())]
+
+
+@pytest.mark.parametrize("scheduled_lr", ["float", "tensor"])
+def test_fused_adamw_with_scheduler_and_grad_scaler(scheduled_lr):
+    import torch_jax
+
+    got = _fused_amp_steps("jax", scheduled_lr)
+    for g, e in zip(got, _fused_amp_steps("cpu", scheduled_lr)):
+        torch.testing.assert_close(g, e)
+    assert got[-1].item() == 512.0
+    # the learning rate is an input of the fused step, not a constant: new learning
+    # rates compile nothing
+    compiles = torch_jax.stats()["compiles"]
+    _fused_amp_steps("jax", scheduled_lr, base_lr=0.02)
+    assert torch_jax.stats()["compiles"] == compiles

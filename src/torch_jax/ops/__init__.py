@@ -3,6 +3,7 @@ fills it; each module holds one family of ops."""
 
 from torch_jax.ops import (  # noqa: F401
     _activations,
+    _amp,
     _conv,
     _core,
     _elementwise,
@@ -15,9 +16,11 @@ from torch_jax.ops import (  # noqa: F401
     _losses,
     _matmul,
     _nn,
+    _optim,
     _pad,
     _pool,
     _reductions,
+    _rnn,
     _shape,
     _sort,
     _special,

@@ -189,9 +189,10 @@ def log_normal_(x, mean=1.0, std=2.0, generator=None):
 @lower(aten.geometric_.default, random=True)
 def geometric_(x, p, generator=None):
     # the number of Bernoulli(p) trials up to the first success: ceil(log(u) / log(1 - p))
-    u = jax.random.uniform(_context.rng_key(), x.shape, jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
-    u = jnp.maximum(u, jnp.finfo(u.dtype).tiny)
-    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(x.dtype)
+    # u in (0, 1]: a draw of exactly 0 (clamped to the tiniest float) was a 1-in-10^7
+    # outlier of ~300 trials, far past anything the CPU's 24-bit uniforms can give
+    u = 1 - jax.random.uniform(_context.rng_key(), x.shape, jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
+    return jnp.maximum(jnp.ceil(jnp.log(u) / jnp.log1p(-p)), 1).astype(x.dtype)  # (u == 1: one trial)
 
 
 def _random_ints(shape, dtype, low, high):

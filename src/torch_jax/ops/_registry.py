@@ -31,14 +31,20 @@ class Lowering:
     static: frozenset  # Scalar arguments that are compile-time constants for this op
     random: bool  # the lowering draws random numbers (ctx.rng_key)
     trust_meta: bool  # output metadata from the Meta kernel (False: from JAX, where they disagree with CPU)
+    traced: frozenset = frozenset()  # float arguments passed at run time (not compiled in)
+    meta: bool = True  # False: PyTorch's Meta kernel rejects valid arguments; JAX gives the outputs
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 DECLARED_FALLBACKS: dict[torch._ops.OpOverload, str] = {}
 
 
-def lower(*ops, static=(), random=False, trust_meta=True):
-    """Register ``fn`` as the lowering of each op overload in ``ops``."""
+def lower(*ops, static=(), random=False, trust_meta=True, traced=(), meta=True):
+    """Register ``fn`` as the lowering of each op overload in ``ops``.
+
+    Scalar (``number``) arguments are run-time inputs unless named in ``static``;
+    ``float`` arguments are compile-time constants unless named in ``traced`` (a
+    learning rate that a scheduler changes every step must not recompile the op)."""
 
     def deco(fn):
         for op in ops:
@@ -46,7 +52,7 @@ def lower(*ops, static=(), random=False, trust_meta=True):
                 raise TypeError(f"lower() takes op overloads (aten.add.Tensor), got {op!r}")
             if op in LOWERINGS or op in DECLARED_FALLBACKS:
                 raise RuntimeError(f"torch_jax: {op} is registered twice in the lowering table")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random, trust_meta)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random, trust_meta, frozenset(traced), meta)
         return fn
 
     return deco

@@ -26,6 +26,7 @@ import torch
 from jax.sharding import SingleDeviceSharding
 
 from torch_jax._config import config
+from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
@@ -35,6 +36,7 @@ from torch_jax.tensor import _dtypes, _storage, _strided
 _counters = _stats.counters
 _last = _devices.last
 Tensor = torch.Tensor
+_Generator = torch._C.Generator
 _TO_NP = _dtypes.TO_NP
 
 # argument kinds
@@ -91,6 +93,8 @@ class OpSpec:
             kind = _KIND_OF_TYPE.get(str(a.type), X)
             if kind in (S, OS) and a.name in lowering.static:
                 kind = X
+            elif kind == X and a.name in lowering.traced and str(a.type) == "float":
+                kind = S
             kinds.append(kind)
         self.kinds = kinds
         # NOTE [Default scalars are constants]: a Scalar argument equal to its schema
@@ -199,6 +203,7 @@ def run(spec: OpSpec, args):
     key = []
     dyn = []
     index = -1
+    generator = None
     for kind, a, default in zip(spec.kinds, args, spec.defaults):
         if kind == T or kind == OT:
             if a is None:
@@ -207,6 +212,8 @@ def run(spec: OpSpec, args):
                 desc, index = _describe(a, dyn, index)
                 key.append(desc)
         elif kind == X:
+            if a.__class__ is _Generator:  # drawn from below, never part of the key
+                generator, a = a, None
             key.append(a if a.__class__ is not list else _freeze(a))
         elif kind == S or kind == OS:
             if a is None:
@@ -234,7 +241,8 @@ def run(spec: OpSpec, args):
     if spec.multi_write:
         key.append(_write_groups(spec, args))
     if spec.random:
-        dyn.append(_devices.next_key(index))
+        # NOTE [jax generators] in device/_accelerator
+        dyn.append(_devices.next_key(index) if generator is None else _accelerator.generator_key(generator, index))
     key = tuple(key)
     entry = spec.cache.get(key)
     _counters["ops"] += 1
@@ -364,6 +372,8 @@ def _index_without_tensors(spec: OpSpec, args) -> int:
 def _meta_of(x):
     if isinstance(x, Tensor) and not x.is_cpu:
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if x.__class__ is _Generator:  # meta kernels draw nothing; some refs assert on a generator
+        return None
     if isinstance(x, (list, tuple)):
         return type(x)(_meta_of(y) for y in x)
     return x
@@ -594,7 +604,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
 
     # fresh outputs: metadata from the Meta kernel, or from JAX where there is none
     try:
-        metas = _meta_outputs(spec, args)
+        metas = _meta_outputs(spec, args) if spec.lowering.meta else None
     except Exception as e:  # noqa: BLE001 (re-raised as the CPU's own error)
         raise _PyTorchError(_cpu_error(spec, args) or e) from None
     unsupported = _unsupported_dtype(spec, args)
@@ -614,9 +624,12 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             )
     elif metas is None:
         shaped = jax.eval_shape(
-            lambda *d: call_lowering(d, None)[0][: None if spec.returns_list else (spec.n_fresh or None)], *dyn
+            lambda *d: call_lowering(d, None)[0][: None if spec.returns_list else spec.n_fresh], *dyn
         )
-        fresh = [(tuple(a.shape), _storage.contiguous_strides(a.shape), _dtypes.to_torch(a.dtype)) for a in shaped]
+        fresh = [
+            None if a is None else (tuple(a.shape), _storage.contiguous_strides(a.shape), _dtypes.to_torch(a.dtype))
+            for a in shaped
+        ]
     else:
         # None: an undefined tensor; ("value", v): a non-tensor return (an int)
         fresh = [
@@ -644,7 +657,10 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         else:
             values = []
             for i, r in zip(spec.writes, results[len(fresh) :]):
-                values.extend(r if kinds[i] == TL else [r])
+                if kinds[i] != TL:
+                    values.append(r)
+                else:  # a Tensor[] written, or left as it is (None)
+                    values.extend([None] * len(arg_keys[i]) if r is None else r)
         current = {}
         order = []
         for slot, ((pos, k), t, v) in enumerate(zip(write_slots, targets, values)):
