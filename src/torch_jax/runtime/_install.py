@@ -167,6 +167,24 @@ def _register(op, kernel, how: str):
     REGISTERED[op] = how
 
 
+_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+
+
+def _below_autocast(kernel):
+    """A kernel made of other ops runs them as one op: under ``torch.autocast("jax")``
+    the ops it calls are not cast again (``addbmm_`` computes its ``addbmm`` in
+    ``self``'s dtype, as a C++ backend kernel would)."""
+
+    def run(*args, **kwargs):
+        if not torch._C._is_autocast_available("jax") or not torch.is_autocast_enabled("jax"):
+            return kernel(*args, **kwargs)
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST):
+            return kernel(*args, **kwargs)
+
+    run.__name__ = kernel.__name__
+    return run
+
+
 def install():
     """Import JAX, register all kernels; returns the CPU fallback kernel."""
     global _lib
@@ -180,8 +198,10 @@ def install():
     with warnings.catch_warnings():
         # registering over the dispatcher's default PrivateUse1 kernels warns once per op
         warnings.simplefilter("ignore", UserWarning)
-        for op, kernel in _kernels.kernels() + _copy.kernels() + _redirects.kernels() + _dynamic.kernels():
+        for op, kernel in _kernels.kernels() + _copy.kernels():
             _register(op, kernel, "kernel")
+        for op, kernel in _redirects.kernels() + _dynamic.kernels():
+            _register(op, _below_autocast(kernel), "kernel")
         for op, lowering in LOWERINGS.items():
             spec = _executor.OpSpec(op, lowering, inplace=False)
             _executor.SPECS[op] = spec

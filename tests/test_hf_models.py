@@ -1,0 +1,232 @@
+"""Hugging Face transformers models (built from small configs with random weights;
+nothing is downloaded) on jax against the same models on the CPU, with the CPU
+fallback an error: forward outputs, one step's gradients, 30 AdamW steps, greedy
+generation, from_pretrained(device_map="jax") and the Trainer."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+VOCAB = 96
+
+
+def _gpt2():
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+        )
+    )
+
+
+def _bert():
+    return transformers.BertForMaskedLM(
+        transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
+
+
+def _t5():
+    return transformers.T5ForConditionalGeneration(
+        transformers.T5Config(
+            num_layers=2,
+            d_model=64,
+            d_ff=128,
+            num_heads=4,
+            d_kv=16,
+            vocab_size=VOCAB,
+            decoder_start_token_id=0,
+            dropout_rate=0.0,
+        )
+    )
+
+
+def _vit():
+    return transformers.ViTForImageClassification(
+        transformers.ViTConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=8,
+            num_labels=5,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
+
+
+def _resnet():
+    return transformers.ResNetForImageClassification(
+        transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=5)
+    )
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama, "bert": _bert, "t5": _t5, "vit": _vit, "resnet": _resnet}
+
+
+def _batch(name, device):
+    g = torch.Generator().manual_seed(0)
+    if name in ("gpt2", "llama", "bert"):
+        ids = torch.randint(0, VOCAB, (2, 16), generator=g)
+        batch = {"input_ids": ids, "labels": ids}
+    elif name == "t5":
+        batch = {
+            "input_ids": torch.randint(0, VOCAB, (2, 12), generator=g),
+            "labels": torch.randint(0, VOCAB, (2, 8), generator=g),
+        }
+    else:
+        batch = {
+            "pixel_values": torch.randn(2, 3, 32, 32, generator=g),
+            "labels": torch.randint(0, 5, (2,), generator=g),
+        }
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _pair(name):
+    torch.manual_seed(0)
+    cpu = MODELS[name]()
+    return cpu, copy.deepcopy(cpu).to("jax")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_forward_and_gradients_match_cpu(name):
+    cpu, dev = _pair(name)
+    cpu.eval(), dev.eval()  # (batch norm statistics in ResNet)
+    with torch.no_grad():
+        logits = cpu(**_batch(name, "cpu")).logits
+        logits_dev = dev(**_batch(name, "jax")).logits
+    torch.testing.assert_close(logits_dev.cpu(), logits, rtol=1e-4, atol=1e-4)
+
+    cpu.train(), dev.train()
+    cpu(**_batch(name, "cpu")).loss.backward()
+    dev(**_batch(name, "jax")).loss.backward()
+    for (pname, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert (p.grad is None) == (q.grad is None), pname
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=pname)
+
+
+def _adamw_losses(model, batch, steps):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_thirty_adamw_steps_lower_the_loss_as_on_cpu(name):
+    cpu, dev = _pair(name)
+    expected = _adamw_losses(cpu, _batch(name, "cpu"), 30)
+    got = _adamw_losses(dev, _batch(name, "jax"), 30)
+    assert got[-1] < 0.9 * got[0]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=2e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_greedy_generate_is_identical_to_cpu(name):
+    cpu, dev = _pair(name)
+    cpu.eval(), dev.eval()
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    expected = cpu.generate(prompt, **kw)
+    got = dev.generate(prompt.to("jax"), **kw)
+    assert got.device.type == "jax"
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_from_pretrained_with_device_map_jax(tmp_path):
+    cpu, _ = _pair("gpt2")
+    cpu.save_pretrained(tmp_path)
+    dev = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map="jax")
+    assert all(p.device.type == "jax" for p in dev.parameters())
+    assert dev.lm_head.weight is dev.transformer.wte.weight  # still tied
+    batch = _batch("gpt2", "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            dev(**{k: v.to("jax") for k, v in batch.items()}).logits.cpu(), cpu(**batch).logits, rtol=1e-4, atol=1e-4
+        )
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def _trainer_losses(tmp_path, monkeypatch, device):
+    # accelerate (and so the Trainer) takes a device it does not know from ACCELERATE_TORCH_DEVICE
+    if device == "jax":
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "jax")
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / f"out-{device}"),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=device == "cpu",
+        seed=0,
+    )
+    assert args.device.type == device
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer.train()
+    assert next(model.parameters()).device.type == device
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_trainer_on_jax_matches_cpu(tmp_path, monkeypatch):
+    cpu, _ = _pair("gpt2")
+    cpu.save_pretrained(tmp_path)
+    expected = _trainer_losses(tmp_path, monkeypatch, "cpu")
+    got = _trainer_losses(tmp_path, monkeypatch, "jax")
+    assert len(got) == 4
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-3, atol=1e-4)
+    assert os.environ.get("ACCELERATE_TORCH_DEVICE") is None
