@@ -22,3 +22,36 @@ def test_readme_example_command_trains():
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out.stdout)]
     assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], out.stdout
     assert "device jax" in out.stdout
+
+
+def _run(script, *args):
+    env = dict(os.environ, TORCH_JAX_FALLBACK="error")
+    out = subprocess.run(
+        [sys.executable, f"examples/{script}", *args], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "device jax" in out.stdout
+    return out.stdout
+
+
+def _losses(stdout):
+    return [float(v) for v in re.findall(r"loss (\d+\.\d+)", stdout)]
+
+
+def test_train_cnn_example():
+    losses = _losses(_run("train_cnn.py", "--steps", "50", "--amp"))
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0]
+
+
+def test_finetune_transformer_example():
+    stdout = _run("finetune_transformer.py", "--steps", "40")
+    losses = _losses(stdout)
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], stdout
+    assert "reloaded model continues 5 6 7 8 with:" in stdout
+
+
+def test_generate_text_example():
+    stdout = _run("generate_text.py", "--steps", "30", "--new-tokens", "8")
+    losses = _losses(stdout)
+    assert losses[-1] < losses[0], stdout
+    assert stdout.count("greedy :") == 2 and "sampled:" in stdout
