@@ -86,17 +86,14 @@ WORKLOADS = [
 ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    args = parser.parse_args()
+def compare(workloads, repeats: int, markdown: bool) -> None:
+    """Time each (name, setup, inner) workload on the CPU and on jax, print the ratios."""
     rows = []
-    for name, setup, inner in WORKLOADS:
-        cpu = _time(setup("cpu"), "cpu", inner, args.repeats)
-        dev = _time(setup("jax"), "jax", inner, args.repeats)
+    for name, setup, inner in workloads:
+        cpu = _time(setup("cpu"), "cpu", inner, repeats)
+        dev = _time(setup("jax"), "jax", inner, repeats)
         rows.append((name, cpu, dev, dev / cpu))
-    if args.markdown:
+    if markdown:
         print("| workload | PyTorch CPU eager | jax strict eager | ratio (jax / CPU) |")
         print("| --- | --- | --- | --- |")
         for name, cpu, dev, ratio in rows:
@@ -105,6 +102,14 @@ def main() -> None:
         print(f"{'workload':45s} {'CPU eager':>12s} {'jax strict':>12s} {'ratio':>8s}")
         for name, cpu, dev, ratio in rows:
             print(f"{name:45s} {_fmt(cpu):>12s} {_fmt(dev):>12s} {ratio:7.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args()
+    compare(WORKLOADS, args.repeats, args.markdown)
 
 
 def _fmt(seconds: float) -> str:

@@ -4,16 +4,18 @@ ops (pooling is in _pool). Backward convolutions are the JAX transposes of the f
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from torch_jax.ops._matmul import _PRECISION
+from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
 
-_LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 _SPATIAL = "DHW"
 
 
@@ -44,6 +46,10 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         rhs = jnp.flip(rhs, axis=tuple(range(2, 2 + nd)))
         lhs, window_strides, lhs_dilation = x, [1] * nd, stride
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    precision = _PRECISION[torch.get_float32_matmul_precision()]
+    acc = jnp.float32 if x.dtype in _LOW else None
+    if not transposed and groups == 1 and _tiny_output(x.shape[2:], w.shape[2:], stride, padding, dilation):
+        return _patches_conv(x, w, stride, padding, dilation, precision, acc).astype(x.dtype)
     y = lax.conv_general_dilated(
         lhs,
         rhs,
@@ -53,10 +59,40 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         rhs_dilation=dilation,
         dimension_numbers=_dimension_numbers(nd),
         feature_group_count=groups,
-        precision=_PRECISION[torch.get_float32_matmul_precision()],
-        preferred_element_type=jnp.float32 if x.dtype in _LOW else None,
+        precision=precision,
+        preferred_element_type=acc,
     )
     return y.astype(x.dtype)
+
+
+def _out_sizes(size, k, stride, padding, dilation):
+    return [(n + 2 * p - d * (kk - 1) - 1) // s + 1 for n, kk, s, p, d in zip(size, k, stride, padding, dilation)]
+
+
+def _tiny_output(size, k, stride, padding, dilation) -> bool:
+    """NOTE [Convolutions with tiny outputs]: XLA's CPU convolution runs at about 1-6
+    GFLOP/s when the output has at most 2x2 positions (the last ResNet stage on 64x64
+    images: 130 ms for what a matmul does in 3 ms). Such convolutions are a handful of
+    shifted slices and one contraction instead."""
+    return math.prod(_out_sizes(size, k, stride, padding, dilation)) <= 4
+
+
+def _patches_conv(x, w, stride, padding, dilation, precision, acc):
+    """A convolution as sum over kernel offsets of (strided slice of x) x (weight tap):
+    one einsum over the stacked slices."""
+    nd = x.ndim - 2
+    k = w.shape[2:]
+    out = _out_sizes(x.shape[2:], k, stride, padding, dilation)
+    xp = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    taps = []
+    for offs in itertools.product(*(range(kk) for kk in k)):
+        start = [0, 0] + [o * d for o, d in zip(offs, dilation)]
+        limit = list(xp.shape[:2]) + [st + (n - 1) * s + 1 for st, n, s in zip(start[2:], out, stride)]
+        taps.append(lax.slice(xp, start, limit, [1, 1] + list(stride)))
+    cols = jnp.stack(taps, axis=2)  # (N, C, K, out...)
+    wk = w.reshape(w.shape[:2] + (-1,))  # (O, C, K)
+    sp = "".join(chr(ord("a") + i) for i in range(nd))
+    return jnp.einsum(f"nck{sp},ock->no{sp}", cols, wk, precision=precision, preferred_element_type=acc)
 
 
 @lower(aten.convolution_overrideable.default)
