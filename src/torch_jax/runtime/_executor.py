@@ -465,10 +465,31 @@ def _unsupported_dtype(spec: OpSpec, args):
     errors (integer division by zero) that the real values do not."""
     if spec.random:
         return None
+    # a combination of dtypes (and option values) the CPU accepted once is not replayed
+    # for new shapes: generation with a growing KV cache compiles every op per length
+    memo = (spec.op, tuple(_dtype_signature(a) for a in args))
+    if memo in _DTYPES_OK:
+        return None
     e = _cpu_error(spec, args, limit=_DTYPE_PROBE_LIMIT)
     if isinstance(e, (NotImplementedError, RuntimeError)) and _DTYPE_ERROR.search(str(e)):
         return e
+    _DTYPES_OK.add(memo)
     return None
+
+
+_DTYPES_OK: set = set()
+
+
+def _dtype_signature(a):
+    """What of an argument can decide whether a CPU kernel supports the call: a tensor's
+    dtype, a number's type, the value of a string, bool or dtype option."""
+    if isinstance(a, Tensor):
+        return a.dtype
+    if isinstance(a, (list, tuple)):
+        return tuple(_dtype_signature(x) for x in a)
+    if a is None or isinstance(a, (str, bool, torch.dtype)):
+        return a
+    return a.__class__
 
 
 # the CPU's messages for dtypes a kernel refuses ("abs_cpu" not implemented for 'Bool',
