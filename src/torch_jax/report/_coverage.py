@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import glob
 import json
 import os
 import platform
@@ -60,15 +61,37 @@ def _composite(op) -> bool:
     return has(op.name(), "CompositeImplicitAutograd") or has(op.name(), "CompositeExplicitAutograd")
 
 
-def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progress=True):
+def _load_journal(journal):
+    """Results already in the journal files ``journal.*``: (OpInfo, dtype) -> Result."""
+    done = {}
+    for path in sorted(glob.glob(glob.escape(journal) + ".*")):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = _sweep.Result(**json.loads(line))
+                    done[(r.op, r.dtype)] = r
+    return done
+
+
+def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progress=True, journal=None):
+    """Check every (OpInfo, dtype) pair. NOTE [Coverage journal]: with ``journal``, each
+    result is appended to ``journal.<pid>`` as it is made, and pairs found in any
+    ``journal.*`` file are not run again, so a sweep longer than one sitting resumes."""
     ops = [op for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names]
+    done = _load_journal(journal) if journal else {}
+    log = open(f"{journal}.{os.getpid()}", "a") if journal else None  # noqa: SIM115 (open for the whole run)
     results = []
     start = time.time()
     for n, op in enumerate(ops):
         for dtype in dtypes:
             if not _sweep.supported(op, dtype):
                 continue
-            r = _sweep.check(op, dtype, max_samples=max_samples, grads=grads, variants=variants, fallback="silent")
+            r = done.get((_sweep.name_of(op), _dtype_name(dtype)))
+            if r is None:
+                r = _sweep.check(op, dtype, max_samples=max_samples, grads=grads, variants=variants, fallback="silent")
+                if log is not None:
+                    log.write(json.dumps(r.__dict__) + "\n")
+                    log.flush()
             results.append(r)
         if progress:
             print(
@@ -76,10 +99,12 @@ def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progres
             )
     if progress:
         print(file=sys.stderr)
+    if log is not None:
+        log.close()
     return results
 
 
-def run_parallel(jobs, dtypes, names, max_samples, grads, variants):
+def run_parallel(jobs, dtypes, names, max_samples, grads, variants, journal=None):
     """``run`` split over ``jobs`` worker processes (each a fresh interpreter with its own
     JAX runtime), OpInfos dealt round-robin; the results come back through JSON files."""
     import subprocess
@@ -97,6 +122,7 @@ def run_parallel(jobs, dtypes, names, max_samples, grads, variants):
                 cmd += ["--max-samples", str(max_samples)]
             cmd += [] if grads else ["--no-grads"]
             cmd += [] if variants else ["--no-variants"]
+            cmd += ["--journal", journal] if journal else []
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         results = []
         for j, proc in enumerate(procs):
@@ -270,13 +296,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="docs", help="folder for COVERAGE.md and coverage.json")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
     parser.add_argument("--quiet", action="store_true", help="write the files, print nothing")
+    parser.add_argument(
+        "--journal", default=None, help="record each result in JOURNAL.<pid> as it is made; skip pairs already recorded"
+    )
     args = parser.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     names = set(args.ops.split(",")) if args.ops else None
     if args.jobs > 1:
-        results = run_parallel(args.jobs, dtypes, names, args.max_samples, not args.no_grads, not args.no_variants)
+        results = run_parallel(
+            args.jobs, dtypes, names, args.max_samples, not args.no_grads, not args.no_variants, args.journal
+        )
     else:
-        results = run(dtypes, names, args.max_samples, not args.no_grads, not args.no_variants, not args.quiet)
+        results = run(
+            dtypes, names, args.max_samples, not args.no_grads, not args.no_variants, not args.quiet, args.journal
+        )
     summary = summarize(results, dtypes)
     import jax
 
