@@ -93,3 +93,32 @@ def test_fused_adamw_with_scheduler_and_grad_scaler(scheduled_lr):
     compiles = torch_jax.stats()["compiles"]
     _fused_amp_steps("jax", scheduled_lr, base_lr=0.02)
     assert torch_jax.stats()["compiles"] == compiles
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_schedulers_and_zero_grad_match_cpu(set_to_none):
+    def train(device):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).double().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.SequentialLR(
+            opt,
+            [torch.optim.lr_scheduler.LinearLR(opt, 0.1, 1.0, 3), torch.optim.lr_scheduler.CosineAnnealingLR(opt, 5)],
+            milestones=[3],
+        )
+        x = torch.linspace(-1, 1, 20, dtype=torch.float64).reshape(5, 4).to(device)
+        for _ in range(6):
+            opt.zero_grad(set_to_none=set_to_none)
+            model(x).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+        opt.zero_grad(set_to_none=set_to_none)
+        grads = [p.grad for p in model.parameters()]
+        if set_to_none:
+            assert all(g is None for g in grads)
+        else:
+            assert all(g.device.type == device and not g.any() for g in grads)
+        return [p.detach().cpu() for p in model.parameters()] + [torch.tensor(sched.get_last_lr())]
+
+    for got, expected in zip(train("jax"), train("cpu")):
+        torch.testing.assert_close(got, expected)
