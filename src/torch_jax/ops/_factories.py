@@ -22,7 +22,15 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
     out = _context.out_dtype()
     n = max(0, math.ceil((end - start) / step))
     if np.issubdtype(out, np.integer):
-        return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(out)
+        # the CPU's integer arange works in int64 (its accumulate type): start and step
+        # truncate toward zero, and int64 outputs even count in int64
+        # (aten/src/ATen/native/RangeFactories.cpp)
+        start_i, step_i = int(start), int(step)
+        if out == np.int64 and step_i != 0:
+            sgn = (step_i > 0) - (step_i < 0)
+            num = int(end) - start_i + step_i - sgn
+            n = max(0, abs(num) // abs(step_i) * (1 if (num < 0) == (step_i < 0) else -1))
+        return (start_i + jnp.arange(n, dtype=jnp.int64) * step_i).astype(out)
     # PyTorch computes start + i * step in double for floating outputs
     return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
 
