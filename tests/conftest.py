@@ -26,6 +26,15 @@ def _fallback_is_an_error():
 
 
 @pytest.fixture
+def strict_mode():
+    """For tests that look at strict eager's dispatch itself (the arrays in flight)."""
+    before = torch_jax.config.mode
+    torch_jax.set_mode("strict")
+    yield
+    torch_jax.set_mode(before)
+
+
+@pytest.fixture
 def allow_fallback():
     torch_jax.config.fallback = "silent"
 

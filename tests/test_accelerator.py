@@ -131,6 +131,7 @@ def test_current_stream_and_streams_of_a_device_are_its_one_stream():
     assert not s.is_capturing()
 
 
+@pytest.mark.usefixtures("strict_mode")
 def test_stream_synchronize_waits_for_the_device():
     _busy(1)
     pending = _state.last[1]
@@ -165,6 +166,7 @@ def test_stream_waits_and_record_event():
     assert e.query()
 
 
+@pytest.mark.usefixtures("strict_mode")
 def test_event_synchronize_waits_for_the_work_recorded():
     _busy(0)
     pending = _state.last[0]

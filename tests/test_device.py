@@ -95,12 +95,12 @@ def test_set_device_and_device_context():
 def test_jax_n_lives_on_jax_device_n():
     t = torch.arange(4.0, device="jax:1")
     assert t.device == torch.device("jax:1")
-    assert _storage.box_of(t).arr.devices() == {jax.devices()[1]}
+    assert _storage.array(_storage.box_of(t)).devices() == {jax.devices()[1]}
     u = (t * 2 + 1).exp()
     assert u.device == torch.device("jax:1")
-    assert _storage.box_of(u).arr.devices() == {jax.devices()[1]}
+    assert _storage.array(_storage.box_of(u)).devices() == {jax.devices()[1]}
     c = torch.arange(4.0).to("jax:1")
-    assert _storage.box_of(c).arr.devices() == {jax.devices()[1]}
+    assert _storage.array(_storage.box_of(c)).devices() == {jax.devices()[1]}
 
 
 def test_backward_on_second_device():

@@ -41,4 +41,40 @@ def reset_stats() -> None:
     _stats.reset()
 
 
-__all__ = ["Config", "FallbackWarning", "config", "initialize", "reset_stats", "stats"]
+def set_mode(mode: str) -> None:
+    """``"strict"`` (each op runs at once) or ``"fused"`` (ops are recorded and run as one
+    XLA computation when a value is needed); also ``TORCH_JAX_MODE``."""
+    initialize()
+    from torch_jax.runtime import _fused
+
+    _fused.set_mode(mode)
+
+
+def fused():
+    """A context manager: the block runs in fused mode, then the previous mode returns."""
+    initialize()
+    from torch_jax.runtime import _fused
+
+    return _fused.fused()
+
+
+def mark_step() -> None:
+    """Fused mode: run the ops recorded so far (for example at the end of a training
+    step); asynchronous, like every computation on the device."""
+    initialize()
+    from torch_jax.runtime import _fused
+
+    _fused.mark_step()
+
+
+__all__ = [
+    "Config",
+    "FallbackWarning",
+    "config",
+    "fused",
+    "initialize",
+    "mark_step",
+    "reset_stats",
+    "set_mode",
+    "stats",
+]

@@ -10,7 +10,7 @@ import dataclasses
 import os
 
 _FALLBACK_MODES = ("warn", "silent", "error")
-_MODES = ("strict",)
+_MODES = ("strict", "fused")
 
 
 def _env_str(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -39,7 +39,10 @@ class Config:
     launch_blocking: wait for every op to finish before returning, so that an error
         is raised by the op that caused it (like ``CUDA_LAUNCH_BLOCKING=1``).
     debug: 0 quiet; 1 logs fallbacks and compilations; 2 logs every op.
-    mode: the executor; ``strict`` runs each op at once as a cached XLA computation.
+    mode: the executor; ``strict`` runs each op at once as a cached XLA computation,
+        ``fused`` records ops and runs them as one computation when a value is needed
+        (NOTE [Fused eager] in runtime/_fused).
+    fused_max_ops: the size cap of a fused graph (it runs when it reaches this many ops).
     cache_size: how many compiled computations are kept (least recently used ones are
         dropped beyond it; each holds compiled code).
     """
@@ -49,6 +52,7 @@ class Config:
     debug: int = dataclasses.field(default_factory=lambda: _env_int("DEBUG", 0))
     mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
     cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))
+    fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:

@@ -234,8 +234,12 @@ class _AnswersForPyTorchType(type):
 
 
 def _pending(index: int):
-    """The results of the last computation dispatched to jax device ``index``, or None."""
-    return _module._state().last.get(index)
+    """The results of the last computation dispatched to jax device ``index``, or None
+    (fused eager first dispatches the ops it has recorded)."""
+    state = _module._state()
+    for dispatch in state.before_synchronize:
+        dispatch()
+    return state.last.get(index)
 
 
 def _ready(results) -> bool:

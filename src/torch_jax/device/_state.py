@@ -112,7 +112,12 @@ def set_rng_state(state: torch.Tensor, index: int) -> None:
 # ---- work in flight ----
 
 
+before_synchronize: list = []  # callbacks (fused eager runs its pending graphs)
+
+
 def synchronize(index: int | None = None) -> None:
+    for callback in before_synchronize:
+        callback()
     for i in list(last) if index is None else [index]:
         results = last.pop(i, None)
         if results is not None:

@@ -68,15 +68,15 @@ def upload_tensor(src: torch.Tensor, index: int, non_blocking: bool = False) -> 
 # ---------------------------------------------------------------- device -> host
 
 
-def logical_array(t: torch.Tensor):
+def logical_array(t: torch.Tensor, reason: str = "data-dependent"):
     """The JAX array of ``t``'s values in its logical shape (a read of the view)."""
     box = _storage.box_of(t)
     arr = box.arr
     if arr is not None and t.dtype is box.dtype and t.is_contiguous() and arr.shape == t.shape:
         if not (t.is_conj() or t.is_neg()):
-            return arr
+            return _storage.array(box, reason)
     out = _executor.run(_executor.SPECS[aten.clone.default], (t, torch.contiguous_format))
-    return _storage.box_of(out).arr
+    return _storage.array(_storage.box_of(out), reason)
 
 
 def to_numpy(arr) -> np.ndarray:
@@ -102,12 +102,12 @@ def download(t: torch.Tensor) -> torch.Tensor:
     perm = _whole_dense_perm(t)
     box = _storage.box_of(t)
     if perm is not None and box.arr is not None:
-        physical = to_numpy(box.arr).reshape([t.shape[d] for d in perm])
+        physical = to_numpy(_storage.array(box, "host transfer")).reshape([t.shape[d] for d in perm])
         base = _dtypes.numpy_to_tensor(physical)
         if perm == list(range(t.dim())):
             return base.reshape(t.shape)
         return base.reshape(-1).as_strided(t.shape, t.stride())
-    return _dtypes.numpy_to_tensor(to_numpy(logical_array(t)))
+    return _dtypes.numpy_to_tensor(to_numpy(logical_array(t, "host transfer")))
 
 
 # ---------------------------------------------------------------- kernels
@@ -130,7 +130,7 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
 
 def move(t: torch.Tensor, index: int) -> torch.Tensor:
     """A contiguous copy of ``t`` on jax:index."""
-    arr = jax.device_put(logical_array(t), _devices.device(index))
+    arr = jax.device_put(logical_array(t, "copy between devices"), _devices.device(index))
     return _storage.new_tensor(t.shape, t.dtype, index, arr)
 
 
@@ -195,7 +195,7 @@ def _storage_device_type() -> str:
 
 
 def local_scalar_dense(self):
-    value = to_numpy(logical_array(self)).reshape(()).item()
+    value = to_numpy(logical_array(self, "host transfer")).reshape(()).item()
     if self.dtype == torch.bool:
         return bool(value)
     if self.dtype.is_complex:

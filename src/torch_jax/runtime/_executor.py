@@ -30,12 +30,13 @@ from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.runtime import _stats
+from torch_jax.runtime import _fused, _stats
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
 _last = _devices.last
 Tensor = torch.Tensor
+_Pending = _storage.Pending
 _Generator = torch._C.Generator
 _TO_NP = _dtypes.TO_NP
 
@@ -148,7 +149,9 @@ def _describe(t, dyn: list, index: int):
     if t.is_cpu:
         if t.dim() != 0:
             raise _device_mismatch(f"jax:{max(index, 0)}", "cpu")
-        dyn.append(np.asarray(_dtypes.tensor_to_numpy(t)))
+        # a copy: the CPU tensor may change before the op reads it (JAX may alias host
+        # memory, and runs asynchronously; fused eager runs the op later still)
+        dyn.append(np.array(_dtypes.tensor_to_numpy(t), copy=True))
         return ("c", t.dtype), index
     try:
         box = t.untyped_storage()._box
@@ -164,6 +167,8 @@ def _describe(t, dyn: list, index: int):
         desc, index = _describe(t.conj() if t.is_conj() else t._neg_view(), dyn, index)
         return ("m", desc, t.is_conj(), t.is_neg()), index
     arr = box.arr
+    if arr.__class__ is _Pending and (arr.value is not None or config.mode != "fused"):
+        arr = _storage.array(box)
     dtype = t.dtype
     if arr is not None:
         shape = arr.shape
@@ -246,10 +251,14 @@ def run(spec: OpSpec, args):
     key = tuple(key)
     entry = spec.cache.get(key)
     _counters["ops"] += 1
+    fused = config.mode == "fused"
+    if not fused and _fused.pending:
+        _fused.flush_all("mode change")
+        dyn = [_fused.concrete(v) for v in dyn]
     if entry is None:
         try:
             entry = _compile(spec, args, key, index, dyn)
-            results = entry.fn(*dyn)
+            results = _fused.record(entry, dyn) if fused else entry.run(dyn)
         except _PyTorchError as e:
             raise e.error from None
         except Exception as e:  # noqa: BLE001
@@ -265,8 +274,10 @@ def run(spec: OpSpec, args):
         return entry.finish(args, results)
     _counters["cache_hits"] += 1
     entry.used = True
+    if fused:
+        return entry.finish(args, _fused.record(entry, dyn))
     try:
-        results = entry.fn(*dyn)
+        results = entry.run(dyn)
     except RuntimeError as e:
         raise _freed(spec, e) or e from None
     return entry.finish(args, results)
@@ -515,14 +526,36 @@ def _layout(size, stride):
 class _Entry:
     """One compiled computation and how to turn its results into tensors."""
 
-    __slots__ = ("fn", "spec", "outs", "index", "checks", "n_groups", "single", "used", "write_order")
+    __slots__ = (
+        "fn",
+        "jitted",
+        "traced",
+        "out_avals",
+        "spec",
+        "outs",
+        "index",
+        "checks",
+        "n_groups",
+        "single",
+        "used",
+        "write_order",
+    )
+
+    def run(self, dyn):
+        """Run the compiled computation (compiled on first use: an entry made while fused
+        eager records is only traced)."""
+        if self.fn is None:
+            self.fn = self.jitted.lower(*dyn).compile()
+            self.jitted = None
+        return self.fn(*dyn)
 
     def finish(self, args, results):
-        if config.launch_blocking:
-            jax.block_until_ready(results)
-        if self.checks:
-            _raise_failed_checks(self.checks, results[-len(self.checks) :])
-        _last[self.index] = results
+        if results.__class__ is not _fused.Outputs:
+            if config.launch_blocking:
+                jax.block_until_ready(results)
+            if self.checks:
+                _raise_failed_checks(self.checks, results[-len(self.checks) :])
+            _last[self.index] = results
         single = self.single
         if single is not None:
             return single.tensor(results[0])
@@ -703,8 +736,17 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     # NOTE [Compiled, not jitted]: the entry holds the AOT-compiled executable itself,
     # so that dropping the entry (NOTE [Bounded compile cache]) frees it, whatever
     # JAX's own tracing caches still hold.
-    jitted = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
-    entry.fn = jitted.lower(*dyn).compile()
+    entry.traced = traced
+    entry.jitted = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
+    entry.fn = None
+    if config.mode == "fused":
+        # NOTE [Fused eager]: tracing gives the outputs' shapes and the write order and
+        # value checks; XLA compiles the whole graph later, not this op
+        entry.out_avals = jax.eval_shape(traced, *dyn)
+    else:
+        entry.out_avals = None
+        entry.fn = entry.jitted.lower(*dyn).compile()
+        entry.jitted = None
     return entry
 
 

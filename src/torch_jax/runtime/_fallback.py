@@ -88,7 +88,8 @@ class _ToCpu:
         if entry is None:
             flat = torch.empty(box.numel, dtype=box.dtype)
             if box.arr is not None:
-                flat.copy_(_dtypes.numpy_to_tensor(_copy.to_numpy(box.arr).reshape(-1)))
+                arr = _storage.array(box, "CPU fallback")
+                flat.copy_(_dtypes.numpy_to_tensor(_copy.to_numpy(arr).reshape(-1)))
             else:
                 flat.zero_()
             entry = self.storages[id(box)] = (box, flat)

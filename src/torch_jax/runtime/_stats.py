@@ -15,9 +15,15 @@ def snapshot() -> dict:
     out = {k: counters.get(k, 0) for k in ("ops", "compiles", "cache_hits", "fallbacks", "host_transfers")}
     out.update({k: v for k, v in counters.items() if k not in out})
     out["fallback_ops"] = dict(fallback_ops)
+    from torch_jax.runtime import _fused
+
+    out["materializations"] = dict(_fused.materializations)
     return out
 
 
 def reset() -> None:
+    from torch_jax.runtime import _fused
+
     counters.clear()
     fallback_ops.clear()
+    _fused.materializations.clear()

@@ -152,7 +152,7 @@ def resize_(self, size, memory_format=None):
     # contents; other tensors viewing the old storage keep it (CPU would grow in place).
     if self.dtype != box.dtype:
         raise RuntimeError(f"torch_jax: resize_ cannot grow a {self.dtype} view of a {box.dtype} storage")
-    old = box.arr
+    old = None if box.arr is None else _storage.array(box, "resize")
     if old is None:
         arr = None
     else:

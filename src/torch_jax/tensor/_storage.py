@@ -98,6 +98,36 @@ class Box:
         return f"Box({self.dtype}, numel={self.numel}, jax:{self.index}, {state})"
 
 
+class Pending:
+    """An array that fused eager has recorded but not computed yet (NOTE [Fused eager]
+    in runtime/_fused): output ``out`` of node ``node`` of ``graph``, with the shape and
+    dtype it will have. ``value`` holds the array once the graph has run."""
+
+    __slots__ = ("graph", "node", "out", "shape", "dtype", "value", "__weakref__")
+
+    def __init__(self, graph, node: int, out: int, shape, dtype):
+        self.graph = graph
+        self.node = node
+        self.out = out
+        self.shape = shape
+        self.dtype = dtype
+        self.value = None
+
+    def resolve(self, reason: str):
+        if self.value is None:
+            self.graph.flush(reason)
+        return self.value
+
+
+def array(box: Box, reason: str = "read"):
+    """``box.arr`` as a real array: a pending one is computed first (``reason`` says why,
+    for the materialization counters)."""
+    arr = box.arr
+    if arr.__class__ is Pending:
+        arr = box.arr = arr.resolve(reason)
+    return arr
+
+
 class Template:
     """Everything about a new tensor that does not change from call to call: its
     DLPack header (all but the data pointer) and its shape and strides arrays, which

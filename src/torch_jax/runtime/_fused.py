@@ -1,0 +1,215 @@
+"""Fused eager: ops are recorded into a pending graph and run as one XLA computation
+when a value is needed.
+
+NOTE [Fused eager]: in fused mode the executor builds each op's cache key and argument
+list exactly as in strict mode (NOTE [Strict eager]), so it raises the same errors at
+the same op, but instead of running the op's compiled computation it appends the op's
+traced function (the pure function strict mode compiles) and its arguments to the
+device's pending graph. The op's results are ``Pending`` arrays (tensor/_storage) that
+sit in the storage boxes like real arrays: later ops take them as inputs (a reference
+to a node's output), views and in-place writes work on them the same way.
+
+Anything that needs a value computes the graph (a *materialization*): a host transfer
+(``.item()``, ``.cpu()``, ``print``, ``bool()``), an op with a data-dependent shape, the
+CPU fallback, ``torch.jax.synchronize()``, the explicit step marker
+``torch_jax.mark_step()``, leaving fused mode, and the size cap (``config.fused_max_ops``).
+Value checks (an index out of range) run inside the graph and raise when it runs, as
+CUDA's device-side asserts surface at the next synchronization; strict mode raises at
+the op. The graph runs as one
+jitted function of its inputs (the storages' arrays, Python scalars, random keys)
+whose outputs are the pending arrays some storage still holds (weak references tell).
+Compiled graphs are cached by structure: the sequence of op entries (each keyed by op,
+static arguments, shapes and dtypes) and how their arguments connect. Python scalars
+(learning rates, step counts) and random keys are inputs, so a training loop reaches
+a fixed set of graphs and compiles nothing after warm-up; random ops draw the same keys
+as in strict mode, so a seed gives the same numbers in both modes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import weakref
+
+import jax
+from jax.sharding import SingleDeviceSharding
+
+from torch_jax._config import config
+from torch_jax.device import _state as _devices
+from torch_jax.runtime import _stats
+from torch_jax.tensor._storage import Pending
+
+
+def _raise_failed_checks(checks, flags):
+    from torch_jax.runtime._executor import _raise_failed_checks as raise_failed
+
+    raise_failed(checks, flags)
+
+
+_counters = _stats.counters
+materializations: collections.Counter = collections.Counter()
+
+pending = False  # some graph holds unrun ops (a module global: the executor reads it per op)
+_graphs: dict[int, _Graph] = {}  # device index -> its pending graph
+_compiled: dict = {}  # graph structure -> compiled computation
+_lock = threading.RLock()
+
+
+class Outputs(list):
+    """The pending results of one recorded op (what the executor's finish receives)."""
+
+
+class _Graph:
+    __slots__ = ("index", "nodes", "inputs", "input_ids", "outputs", "checked")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.nodes: list = []  # (entry, argument refs)
+        self.inputs: list = []
+        self.input_ids: dict = {}  # id(array) -> input position (each array passed once)
+        self.outputs: list = []  # weak references to the Pending results
+        self.checked: list = []  # nodes whose value checks (index bounds) run with the graph
+
+    def flush(self, reason: str) -> None:
+        with _lock:
+            if self.nodes:
+                _run(self, reason)
+
+
+def _graph(index: int) -> _Graph:
+    g = _graphs.get(index)
+    if g is None:
+        g = _graphs[index] = _Graph(index)
+    return g
+
+
+def record(entry, dyn) -> Outputs:
+    """Append one op to its device's graph; its results, pending."""
+    global pending
+    with _lock:
+        g = _graph(entry.index)
+        refs = []
+        for v in dyn:
+            if v.__class__ is Pending:
+                if v.value is None and v.graph is g:
+                    refs.append((v.node, v.out))
+                    continue
+                v = v.resolve("another device's graph")
+            if isinstance(v, jax.Array):
+                i = g.input_ids.get(id(v))
+                if i is None:
+                    i = g.input_ids[id(v)] = len(g.inputs)
+                    g.inputs.append(v)
+            else:  # a Python scalar or a random key: always its own input (its value varies)
+                i = len(g.inputs)
+                g.inputs.append(v)
+            refs.append(i)
+        if entry.out_avals is None:  # an entry compiled in strict mode
+            entry.out_avals = jax.eval_shape(entry.traced, *dyn)
+        node = len(g.nodes)
+        g.nodes.append((entry, tuple(refs)))
+        if entry.checks:
+            g.checked.append(node)
+        outs = Outputs(Pending(g, node, k, a.shape, a.dtype) for k, a in enumerate(entry.out_avals))
+        g.outputs.extend(weakref.ref(p) for p in outs)
+        pending = True
+        _counters["fused_ops"] += 1
+        if len(g.nodes) >= config.fused_max_ops:
+            _run(g, "size cap")
+        return outs
+
+
+def concrete(v):
+    """``v``, computed if it is pending."""
+    return v.resolve("mode change") if v.__class__ is Pending else v
+
+
+def _run(g: _Graph, reason: str) -> None:
+    global pending
+    alive = []
+    for w in g.outputs:
+        p = w()
+        if p is not None and p.value is None:
+            alive.append(p)
+    nodes = tuple(g.nodes)
+    checks = [
+        (n, k)
+        for n in g.checked
+        for k in range(len(nodes[n][0].out_avals) - len(nodes[n][0].checks), len(nodes[n][0].out_avals))
+    ]
+    wanted = tuple((p.node, p.out) for p in alive) + tuple(checks)
+    key = (g.index, nodes, wanted)  # (each entry's key fixes its inputs' shapes, dtypes and kinds)
+    fn = _compiled.get(key)
+    if fn is None:
+        _counters["graphs_compiled"] += 1
+        if config.debug >= 1:
+            print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
+        fn = jax.jit(_replay(nodes, wanted), out_shardings=SingleDeviceSharding(_devices.device(g.index)))
+        fn = fn.lower(*g.inputs).compile()
+        if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
+            for k in list(_compiled)[: len(_compiled) // 2]:
+                del _compiled[k]
+        _compiled[key] = fn
+    else:
+        _counters["graph_cache_hits"] += 1
+    results = fn(*g.inputs)
+    for p, r in zip(alive, results):
+        p.value = r
+    _devices.last[g.index] = results
+    flags = iter(results[len(alive) :])
+    materializations[reason] += 1
+    _counters["graphs_run"] += 1
+    _counters["graph_ops"] += len(nodes)
+    del _graphs[g.index]
+    pending = bool(_graphs)
+    if config.launch_blocking:
+        jax.block_until_ready(results)
+    for n in g.checked:  # value errors surface when the graph runs (as CUDA's device asserts do)
+        entry = nodes[n][0]
+        _raise_failed_checks(entry.checks, [next(flags) for _ in entry.checks])
+
+
+def _replay(nodes, wanted):
+    def graph(*inputs):
+        env = {}
+        for n, (entry, refs) in enumerate(nodes):
+            args = [inputs[r] if r.__class__ is int else env[r] for r in refs]
+            for k, o in enumerate(entry.traced(*args)):
+                env[(n, k)] = o
+        return tuple(env[w] for w in wanted)
+
+    return graph
+
+
+def flush_all(reason: str) -> None:
+    with _lock:
+        for g in list(_graphs.values()):
+            _run(g, reason)
+
+
+def set_mode(mode: str) -> None:
+    """``strict`` or ``fused`` (leaving fused mode computes what is pending; setting
+    ``torch_jax.config.mode`` directly does the same at the next op)."""
+    config.mode = mode
+    if mode != "fused":
+        flush_all("mode change")
+
+
+@contextlib.contextmanager
+def fused():
+    """Run the block in fused mode, then return to the mode before it."""
+    before = config.mode
+    set_mode("fused")
+    try:
+        yield
+    finally:
+        set_mode(before)
+
+
+def mark_step() -> None:
+    """The end of a training step: run what is pending (asynchronously)."""
+    flush_all("step marker")
+
+
+_devices.before_synchronize.append(lambda: flush_all("synchronize"))
