@@ -59,10 +59,12 @@ def eye_square(n, dtype=None, layout=None, device=None, pin_memory=None):
 @lower(aten.linspace.default, static=("start", "end"))
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     out = _context.out_dtype()
-    vals = _linspace_values(start, end, steps)
     if np.issubdtype(out, np.integer):
-        return jnp.trunc(vals).astype(out)
-    return vals.astype(out)
+        # the CPU converts start and end to the integer dtype first (linspace(4.3, -3)
+        # runs from 4), then steps in double and truncates
+        start, end = (int(np.array(int(v)).astype(out)) for v in (start, end))
+        return jnp.trunc(_linspace_values(start, end, steps)).astype(out)
+    return _linspace_values(start, end, steps).astype(out)
 
 
 def _linspace_values(start, end, steps):

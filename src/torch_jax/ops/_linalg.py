@@ -561,7 +561,12 @@ def cdist_forward(x1, x2, p, compute_mode=None):
 
 @lower(aten._cdist_backward.default)
 def cdist_backward(grad, x1, x2, p, dist):
+    """The gradient for x1 with x1 expanded to the broadcast batch (autograd sums it back),
+    except that an empty problem gives zeros of x1's own shape, as PyTorch's kernel does."""
+    shape = x1.shape
     x1, x2 = _batched(x1, x2)
+    if 0 in x1.shape[:-2] or 0 in (x1.shape[-2], x2.shape[-2], x1.shape[-1]):
+        return jnp.zeros(shape, x1.dtype)
     diff = x1[..., :, None, :] - x2[..., None, :, :]  # (B..., P, R, M)
     return jnp.sum(_pnorm_grad(diff, grad, dist, p), -2)
 

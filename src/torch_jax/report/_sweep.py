@@ -47,6 +47,8 @@ EXCLUDED = {
 
 # (OpInfo name, dtype) -> why that pair is not compared
 EXCLUDED_PAIRS = {
+    ("cov", torch.complex64): "one sample's weights make the normalizer zero: the CPU's complex division gives "
+    "inf+nanj where XLA's gives inf-infj (both non-finite; every other sample matches)",
     ("matrix_exp", torch.bfloat16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
     "coefficient tables as the half type): there is no reference to compare with",
     ("matrix_exp", torch.float16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
@@ -78,6 +80,9 @@ RANDOM = {
 # XLA and oneDNN sum long convolutions in different orders; the CPU computes attention
 # with a blocked online softmax, we compute it directly
 TOLERANCE = {
+    # cov's gradients are differences of large sums of products (the weights' gradient
+    # cancels to ~1e-4 from terms ~40): float32 summation order shows at ~1e-4 absolute
+    ("cov", torch.float32): (1e-5, 5e-4),
     # PyTorch's CPU Bessel approximations are off by up to ~3e-7 for 5 < x < 25 in double;
     # ours agree with scipy (j0(5.1) = -0.14433475, the CPU gives -0.14433507)
     ("special.bessel_j0", torch.float64): (1e-6, 1e-6),
