@@ -8,12 +8,15 @@ out). Hand-written kernels (allocation, views, copies) are registered as they ar
 
 from __future__ import annotations
 
+import atexit
+import sys
 import warnings
 
 import jax
 import torch
 
-from torch_jax.runtime import _executor
+from torch_jax._config import config
+from torch_jax.runtime import _executor, _stats
 
 aten = torch.ops.aten
 _TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
@@ -221,4 +224,6 @@ def install():
     # internal assert. Running backward on the calling thread avoids the device queues
     # (and makes kernels run on the thread that called backward).
     torch.autograd.set_multithreading_enabled(False)
+    if config.debug >= 1:  # TORCH_JAX_DEBUG=1: the counters when the process ends
+        atexit.register(lambda: print(f"[torch_jax] {_stats.snapshot()}", file=sys.stderr))
     return _fallback.cpu_fallback
