@@ -838,6 +838,8 @@ def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):
     r = cast(jnp.asarray(r), dtype)
     if tuple(r.shape) != tuple(shape):
         try:
+            if r.size != 1:  # a value for every element may be broadcast; anything else is a bug
+                raise ValueError
             return jnp.broadcast_to(r, shape)
         except ValueError:
             raise RuntimeError(
