@@ -8,6 +8,8 @@ A ``found_inf`` that is nonzero skips the whole step (the gradients are still un
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from torch_jax.ops._promote import opmath
@@ -27,6 +29,14 @@ def _unscale(grads, grad_scale):
     return [opmath(g) / s for g in grads]
 
 
+def _written_grads(unscaled, grads, grad_scale):
+    """The gradients after the step: unscaled in place when there was a ``grad_scale``,
+    left as they are (None) otherwise."""
+    if grad_scale is None:
+        return None
+    return [u.astype(g.dtype) for u, g in zip(unscaled, grads)]
+
+
 def _skip(found_inf, new, old):
     """``new`` unless ``found_inf`` is set (then ``old``)."""
     if found_inf is None:
@@ -41,7 +51,6 @@ def _as(x, like):
 
 
 def _adam(
-    mode_w,
     params,
     grads,
     exp_avgs,
@@ -55,9 +64,12 @@ def _adam(
     eps,
     amsgrad,
     maximize,
-    grad_scale,
-    found_inf,
+    grad_scale=None,
+    found_inf=None,
+    *,
+    adamw: bool,
 ):
+    """Adam's step, or AdamW's (``adamw``: decoupled weight decay)."""
     unscaled = _unscale(grads, grad_scale)
     lr = _scalar(lr)
     new_p, new_m, new_v, new_vmax = [], [], [], []
@@ -69,7 +81,7 @@ def _adam(
         if maximize:
             g = -g
         if weight_decay != 0:
-            if mode_w:
+            if adamw:
                 po = po - _as(lr, po) * _as(weight_decay, po) * po
             else:
                 g = g + po * _as(weight_decay, po)
@@ -85,90 +97,21 @@ def _adam(
         new_p.append(po - step_size * m / denom)
         new_m.append(m)
         new_v.append(v)
-    grads_out = [u.astype(g.dtype) for u, g in zip(unscaled, grads)] if grad_scale is not None else None
     return (
         _skip(found_inf, new_p, params),
-        grads_out,
+        _written_grads(unscaled, grads, grad_scale),
         _skip(found_inf, new_m, exp_avgs),
         _skip(found_inf, new_v, exp_avg_sqs),
         _skip(found_inf, new_vmax, max_exp_avg_sqs) if amsgrad else None,
     )
 
 
-@lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, traced=_HYPER)
-def fused_adam_(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    return _adam(
-        False,
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        state_steps,
-        lr,
-        beta1,
-        beta2,
-        weight_decay,
-        eps,
-        amsgrad,
-        maximize,
-        grad_scale,
-        found_inf,
-    )
-
-
-@lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, traced=_HYPER)
-def fused_adamw_(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    return _adam(
-        True,
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        state_steps,
-        lr,
-        beta1,
-        beta2,
-        weight_decay,
-        eps,
-        amsgrad,
-        maximize,
-        grad_scale,
-        found_inf,
-    )
+fused_adam_ = lower(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, traced=_HYPER)(
+    functools.partial(_adam, adamw=False)
+)
+fused_adamw_ = lower(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, traced=_HYPER)(
+    functools.partial(_adam, adamw=True)
+)
 
 
 @lower(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr, traced=("lr",))
@@ -203,10 +146,9 @@ def fused_sgd_(
             new_b.append(b)
             g = g + _as(momentum, po) * b if nesterov else b
         new_p.append(po - _as(lr, po) * g)
-    grads_out = [u.astype(g.dtype) for u, g in zip(unscaled, grads)] if grad_scale is not None else None
     return (
         _skip(found_inf, new_p, params),
-        grads_out,
+        _written_grads(unscaled, grads, grad_scale),
         _skip(found_inf, new_b, momentum_buffers) if momentum != 0 else None,
     )
 
@@ -229,9 +171,13 @@ def fused_adagrad_(
         s = opmath(state_sums[i]) + g * g
         new_s.append(s)
         new_p.append(po - clr * g / (jnp.sqrt(s) + _as(eps, po)))
-    grads_out = [u.astype(g.dtype) for u, g in zip(unscaled, grads)] if grad_scale is not None else None
     # the default overload marks state_steps as written (it is not); tensor_lr does not
-    return (_skip(found_inf, new_p, params), grads_out, _skip(found_inf, new_s, state_sums), None)
+    return (
+        _skip(found_inf, new_p, params),
+        _written_grads(unscaled, grads, grad_scale),
+        _skip(found_inf, new_s, state_sums),
+        None,
+    )
 
 
 @lower(aten._fused_adagrad_.tensor_lr)
