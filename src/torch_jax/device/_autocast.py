@@ -271,12 +271,12 @@ class _Slots:
 
 
 def _cast_to(op, dtype_of):
-    """A kernel that casts the eligible floating arguments to ``dtype_of()``."""
+    """A kernel that casts the eligible floating arguments to ``dtype_of(args)``."""
     s = _Slots(op)
     tensors, lists, kw = s.tensors, s.lists, s.kw
 
     def kernel(*args, **kwargs):
-        dtype = dtype_of()
+        dtype = dtype_of(args)
         args = _cast_args(args, tensors, lists, dtype)
         if kw:
             _cast_kwargs(kwargs, kw, dtype)
@@ -287,11 +287,11 @@ def _cast_to(op, dtype_of):
 
 
 def _lower_precision_fp(op):
-    return _cast_to(op, lambda: torch.get_autocast_dtype(NAME))
+    return _cast_to(op, lambda args: torch.get_autocast_dtype(NAME))
 
 
 def _fp32(op):
-    return _cast_to(op, lambda: _FLOAT32)
+    return _cast_to(op, lambda args: _FLOAT32)
 
 
 def _fp32_set_opt_dtype(op):
@@ -327,9 +327,9 @@ def _fp32_append_dtype(op, target):
 
 def _promote(op):
     s = _Slots(op)
-    required, tensors, lists, kw = s.required, s.tensors, s.lists, s.kw
+    required, lists = s.required, s.lists
 
-    def kernel(*args, **kwargs):
+    def widest(args):
         low = torch.get_autocast_dtype(NAME)
         dtype = low
         n = len(args)
@@ -341,13 +341,9 @@ def _promote(op):
             if i < n:
                 for t in args[i]:
                     dtype = _prioritize(dtype, t, low)
-        args = _cast_args(args, tensors, lists, dtype)
-        if kw:
-            _cast_kwargs(kwargs, kw, dtype)
-        with torch._C._ExcludeDispatchKeyGuard(_BELOW):
-            return op(*args, **kwargs)
+        return dtype
 
-    return kernel
+    return _cast_to(op, widest)
 
 
 def _banned(message):
