@@ -554,7 +554,7 @@ class _Entry:
             if config.launch_blocking:
                 jax.block_until_ready(results)
             if self.checks:
-                _raise_failed_checks(self.checks, results[-len(self.checks) :])
+                _fused.raise_failed_checks(self.checks, results[-len(self.checks) :])
             _last[self.index] = results
         single = self.single
         if single is not None:
@@ -589,13 +589,6 @@ class _Entry:
         targets = list(_write_targets(self.spec, args))
         for slot, arr in zip(self.write_order, arrays):
             _storage.box_of(targets[slot]).arr = arr
-
-
-def _raise_failed_checks(checks, flags):
-    for (exc_type, message), flag in zip(checks, flags):
-        bad, value = np.asarray(flag).tolist()
-        if bad:
-            raise exc_type(message.format(value=value))
 
 
 # writes the CPU allows through overlapping (expanded) views: every element gets one value

@@ -33,19 +33,13 @@ import threading
 import weakref
 
 import jax
+import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
 from torch_jax.runtime import _stats
 from torch_jax.tensor._storage import Pending
-
-
-def _raise_failed_checks(checks, flags):
-    from torch_jax.runtime._executor import _raise_failed_checks as raise_failed
-
-    raise_failed(checks, flags)
-
 
 _counters = _stats.counters
 materializations: collections.Counter = collections.Counter()
@@ -167,7 +161,7 @@ def _run(g: _Graph, reason: str) -> None:
         jax.block_until_ready(results)
     for n in g.checked:  # value errors surface when the graph runs (as CUDA's device asserts do)
         entry = nodes[n][0]
-        _raise_failed_checks(entry.checks, [next(flags) for _ in entry.checks])
+        raise_failed_checks(entry.checks, [next(flags) for _ in entry.checks])
 
 
 def _replay(nodes, wanted):
@@ -180,6 +174,13 @@ def _replay(nodes, wanted):
         return tuple(env[w] for w in wanted)
 
     return graph
+
+
+def raise_failed_checks(checks, flags):
+    for (exc_type, message), flag in zip(checks, flags):
+        bad, value = np.asarray(flag).tolist()
+        if bad:
+            raise exc_type(message.format(value=value))
 
 
 def flush_all(reason: str) -> None:
