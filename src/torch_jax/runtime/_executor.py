@@ -426,7 +426,13 @@ _CPU_REPLAY_LIMIT = 1 << 28  # bytes of stand-in tensors we are willing to alloc
 
 
 def _cpu_error(spec: OpSpec, args, limit: int = _CPU_REPLAY_LIMIT):
-    """The exception the CPU kernel raises for these arguments, if any.
+    """The exception the CPU kernel raises for these arguments, if any (None as well
+    when the inputs are over ``limit`` bytes and were not replayed)."""
+    return _cpu_replay(spec, args, limit)[1]
+
+
+def _cpu_replay(spec: OpSpec, args, limit: int):
+    """(whether the op was replayed on CPU, the exception it raised or None).
 
     NOTE [Errors from the CPU oracle]: many Meta kernels are Python reimplementations
     whose messages differ from the CPU kernels' (``a and b must have same reduction
@@ -454,12 +460,12 @@ def _cpu_error(spec: OpSpec, args, limit: int = _CPU_REPLAY_LIMIT):
         for name, kw, a in zip(spec.names, spec.kwarg_only, args):
             (ckwargs.__setitem__(name, stand_in(a)) if kw else cargs.append(stand_in(a)))
     except OverflowError:
-        return None
+        return False, None
     try:
         spec.op(*cargs, **ckwargs)
     except Exception as e:  # noqa: BLE001
-        return e
-    return None
+        return True, e
+    return True, None
 
 
 _DTYPE_PROBE_LIMIT = 1 << 20
@@ -481,10 +487,11 @@ def _unsupported_dtype(spec: OpSpec, args):
     memo = (spec.op, tuple(_dtype_signature(a) for a in args))
     if memo in _DTYPES_OK:
         return None
-    e = _cpu_error(spec, args, limit=_DTYPE_PROBE_LIMIT)
+    replayed, e = _cpu_replay(spec, args, _DTYPE_PROBE_LIMIT)
     if isinstance(e, (NotImplementedError, RuntimeError)) and _DTYPE_ERROR.search(str(e)):
         return e
-    _DTYPES_OK.add(memo)
+    if replayed:  # (inputs over the limit were not asked about: a smaller call still is)
+        _DTYPES_OK.add(memo)
     return None
 
 
