@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torch_jax
+from torch_jax.tensor import _storage
 
 
 @pytest.fixture
@@ -92,6 +93,30 @@ def test_a_training_step_without_item_makes_no_host_transfer(fused):
     assert _delta(before, "graphs_run") == 1 and _delta(before, "graphs_compiled") == 0
 
 
+def test_overwritten_storages_donate_their_buffers(fused):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16).to("jax")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x = torch.randn(8, 16, device="jax")
+    kept = model.weight.detach().clone()
+    alias = model.bias.view(4, 4)  # a view keeps the bias's storage, so its buffer is updated, not lost
+    for _ in range(3):
+        _mlp_step(model, opt, x, torch.zeros(8, dtype=torch.long, device="jax"))
+        torch_jax.mark_step()
+    before = torch_jax.stats()
+    _mlp_step(model, opt, x, torch.zeros(8, dtype=torch.long, device="jax"))
+    torch_jax.mark_step()
+    # the weight, the bias and Adam's two moments of each: the step rewrites them in place
+    assert _delta(before, "donated_buffers") >= 6
+    # an array something else still holds is not given away
+    held = [_storage.array(p.untyped_storage()._box) for p in model.parameters()]
+    _mlp_step(model, opt, x, torch.zeros(8, dtype=torch.long, device="jax"))
+    torch_jax.mark_step()
+    assert not any(a.is_deleted() for a in held)
+    assert not kept.equal(model.weight.detach())  # the clone is its own storage, untouched
+    torch.testing.assert_close(alias.cpu().flatten(), model.bias.detach().cpu())
+
+
 def test_views_and_in_place_writes(fused):
     base = torch.zeros(4, 5, device="jax")
     row, col = base[1], base[:, 2]
@@ -116,6 +141,20 @@ def test_data_dependent_shapes_and_errors_materialize(fused):
     with pytest.raises(IndexError, match="out of range"):
         bad.cpu()
     assert bool((x > 3).any())
+
+
+def test_value_errors_after_a_step_marker_surface_at_the_next_wait(fused):
+    x = torch.arange(5.0, device="jax")
+    torch.index_select(x, 0, torch.tensor([7], device="jax"))
+    torch_jax.mark_step()  # dispatches the graph; its checks are read later (NOTE [Deferred value checks])
+    with pytest.raises(IndexError, match="out of range"):
+        torch.jax.synchronize()
+    torch.jax.synchronize()  # raised once
+    y = torch.index_select(x, 0, torch.tensor([9], device="jax")) + 1
+    torch_jax.mark_step()
+    with pytest.raises(IndexError, match="out of range"):
+        (x + 1).sum().item()  # a later host transfer waits for it too
+    assert y.shape == (1,)
 
 
 def test_size_cap_and_synchronize(fused, monkeypatch):

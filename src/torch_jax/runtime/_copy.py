@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _executor, _stats
+from torch_jax.runtime import _executor, _fused, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 aten = torch.ops.aten
@@ -82,6 +82,8 @@ def logical_array(t: torch.Tensor, reason: str = "data-dependent"):
 def to_numpy(arr) -> np.ndarray:
     """A writable numpy array that we own, with the values of a JAX array (one copy)."""
     _stats.counters["host_transfers"] += 1
+    if _fused._deferred:  # NOTE [Deferred value checks] (runtime/_fused)
+        _fused.check_deferred()
     fetch = getattr(arr, "_single_device_array_to_np_array_did_copy", None)
     if fetch is not None:
         npy, did_copy = fetch()

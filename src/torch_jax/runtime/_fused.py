@@ -13,9 +13,9 @@ Anything that needs a value computes the graph (a *materialization*): a host tra
 (``.item()``, ``.cpu()``, ``print``, ``bool()``), an op with a data-dependent shape, the
 CPU fallback, ``torch.jax.synchronize()``, the explicit step marker
 ``torch_jax.mark_step()``, leaving fused mode, and the size cap (``config.fused_max_ops``).
-Value checks (an index out of range) run inside the graph and raise when it runs, as
-CUDA's device-side asserts surface at the next synchronization; strict mode raises at
-the op. The graph runs as one
+Value checks (an index out of range) run inside the graph and raise at the next call
+that waits for it (NOTE [Deferred value checks]), as CUDA's device-side asserts surface
+at a later synchronization; strict mode raises at the op. The graph runs as one
 jitted function of its inputs (the storages' arrays, Python scalars, random keys)
 whose outputs are the pending arrays some storage still holds (weak references tell).
 Compiled graphs are cached by structure: the sequence of op entries (each keyed by op,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import threading
 import weakref
 
@@ -133,13 +134,19 @@ def _run(g: _Graph, reason: str) -> None:
         for k in range(len(nodes[n][0].out_avals) - len(nodes[n][0].checks), len(nodes[n][0].out_avals))
     ]
     wanted = tuple((p.node, p.out) for p in alive) + tuple(checks)
-    key = (g.index, nodes, wanted)  # (each entry's key fixes its inputs' shapes, dtypes and kinds)
+    _devices.last.pop(g.index, None)  # (the results run here will stand for the device's work)
+    donated = _donatable(g.inputs, alive)
+    key = (g.index, nodes, wanted, donated)  # (each entry's key fixes its inputs' shapes, dtypes and kinds)
     fn = _compiled.get(key)
     if fn is None:
         _counters["graphs_compiled"] += 1
         if config.debug >= 1:
             print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
-        fn = jax.jit(_replay(nodes, wanted), out_shardings=SingleDeviceSharding(_devices.device(g.index)))
+        fn = jax.jit(
+            _replay(nodes, wanted),
+            out_shardings=SingleDeviceSharding(_devices.device(g.index)),
+            donate_argnums=donated,
+        )
         fn = fn.lower(*g.inputs).compile()
         if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
             for k in list(_compiled)[: len(_compiled) // 2]:
@@ -147,6 +154,7 @@ def _run(g: _Graph, reason: str) -> None:
         _compiled[key] = fn
     else:
         _counters["graph_cache_hits"] += 1
+    _counters["donated_buffers"] += len(donated)
     results = fn(*g.inputs)
     for p, r in zip(alive, results):
         p.value = r
@@ -159,9 +167,34 @@ def _run(g: _Graph, reason: str) -> None:
     pending = bool(_graphs)
     if config.launch_blocking:
         jax.block_until_ready(results)
-    for n in g.checked:  # value errors surface when the graph runs (as CUDA's device asserts do)
+    earlier = len(_deferred)  # (checks of the graphs before this one, which is dispatched now)
+    for n in g.checked:
         entry = nodes[n][0]
-        raise_failed_checks(entry.checks, [next(flags) for _ in entry.checks])
+        _deferred.append((entry.checks, [next(flags) for _ in entry.checks]))
+    check_deferred(None if reason not in _ASYNC else earlier)
+
+
+def _donatable(inputs, alive) -> tuple:
+    """Positions of the input arrays the graph may overwrite.
+
+    NOTE [Donation]: an array
+    that only the graph's input list still references belonged to a storage that an
+    in-place op of the graph has since rewritten (or to a temporary); nothing can read it
+    after the graph, so XLA may write an output of the same shape and dtype into its
+    buffer (an optimizer step updates its parameters and moments in place instead of
+    holding two copies). The count is CPython's reference count: the input list, the local
+    ``v`` and getrefcount's own argument; any storage box, view, saved tensor, event
+    or cache holding the array adds to it and keeps the array."""
+    free = collections.Counter((tuple(p.shape), p.dtype) for p in alive)
+    donated = []
+    for i in range(len(inputs)):
+        v = inputs[i]
+        if v.__class__ is not Pending and isinstance(v, jax.Array) and sys.getrefcount(v) <= 3:
+            aval = (tuple(v.shape), v.dtype)
+            if free[aval] > 0:
+                free[aval] -= 1
+                donated.append(i)
+    return tuple(donated)
 
 
 def _replay(nodes, wanted):
@@ -176,6 +209,26 @@ def _replay(nodes, wanted):
     return graph
 
 
+# NOTE [Deferred value checks]: a graph's value checks (an index out of range) are
+# outputs of the graph, and reading them waits for the graph. A step marker or the size
+# cap only dispatches its graph and leaves the checks here; the next graph run reads
+# them (after dispatching its own graph), and so does everything that waits anyway (a
+# host transfer, synchronize, data-dependent shapes, the CPU fallback), raising the first
+# error in program order. So the device runs a training step while Python records the
+# next one, and an error in step N surfaces at the marker of step N + 1 or at the first
+# wait before it, as CUDA's device-side asserts surface at a later call.
+_ASYNC = frozenset({"step marker", "size cap"})
+_deferred: list = []  # (checks, flags) of graphs run, in order
+
+
+def check_deferred(count: int | None = None) -> None:
+    """Raise the first failed value check of the graphs that ran (of the first ``count``
+    of them), waiting for them."""
+    for _ in range(len(_deferred) if count is None else count):
+        checks, flags = _deferred.pop(0)
+        raise_failed_checks(checks, flags)
+
+
 def raise_failed_checks(checks, flags):
     for (exc_type, message), flag in zip(checks, flags):
         bad, value = np.asarray(flag).tolist()
@@ -187,6 +240,8 @@ def flush_all(reason: str) -> None:
     with _lock:
         for g in list(_graphs.values()):
             _run(g, reason)
+        if reason not in _ASYNC:
+            check_deferred()
 
 
 def set_mode(mode: str) -> None:
