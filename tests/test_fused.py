@@ -93,6 +93,21 @@ def test_a_training_step_without_item_makes_no_host_transfer(fused):
     assert _delta(before, "graphs_run") == 1 and _delta(before, "graphs_compiled") == 0
 
 
+def test_an_unchanged_training_loop_runs_one_graph_per_step(fused):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)).to("jax")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 8, device="jax"), torch.randint(0, 3, (16,), device="jax")
+    for _ in range(2):  # no mark_step: Optimizer.step() ends the step (NOTE [Optimizer steps mark steps])
+        _mlp_step(model, opt, x, y)
+    before = torch_jax.stats()
+    for _ in range(5):
+        _mlp_step(model, opt, x, y)
+    assert _delta(before, "graphs_run") == 5 and _delta(before, "graphs_compiled") == 0
+    reasons = torch_jax.stats()["materializations"]
+    assert reasons["optimizer step"] - before["materializations"].get("optimizer step", 0) == 5
+
+
 def test_overwritten_storages_donate_their_buffers(fused):
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 16).to("jax")

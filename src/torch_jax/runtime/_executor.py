@@ -251,7 +251,7 @@ def run(spec: OpSpec, args):
     key = tuple(key)
     entry = spec.cache.get(key)
     _counters["ops"] += 1
-    fused = config.mode == "fused"
+    fused = config.mode == "fused" and not config.launch_blocking  # (launch blocking: every op at once)
     if not fused and _fused.pending:
         _fused.flush_all("mode change")
         dyn = [_fused.concrete(v) for v in dyn]
@@ -275,7 +275,11 @@ def run(spec: OpSpec, args):
     _counters["cache_hits"] += 1
     entry.used = True
     if fused:
-        return entry.finish(args, _fused.record(entry, dyn))
+        try:
+            results = _fused.record(entry, dyn)
+        except RuntimeError as e:
+            raise _freed(spec, e) or e from None
+        return entry.finish(args, results)
     try:
         results = entry.run(dyn)
     except RuntimeError as e:

@@ -12,7 +12,8 @@ to a node's output), views and in-place writes work on them the same way.
 Anything that needs a value computes the graph (a *materialization*): a host transfer
 (``.item()``, ``.cpu()``, ``print``, ``bool()``), an op with a data-dependent shape, the
 CPU fallback, ``torch.jax.synchronize()``, the explicit step marker
-``torch_jax.mark_step()``, leaving fused mode, and the size cap (``config.fused_max_ops``).
+``torch_jax.mark_step()`` (and the end of ``Optimizer.step()``: NOTE [Optimizer steps mark
+steps]), leaving fused mode, and the size cap (``config.fused_max_ops``).
 Value checks (an index out of range) run inside the graph and raise at the next call
 that waits for it (NOTE [Deferred value checks]), as CUDA's device-side asserts surface
 at a later synchronization; strict mode raises at the op. The graph runs as one
@@ -36,6 +37,7 @@ import weakref
 import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
@@ -92,6 +94,8 @@ def record(entry, dyn) -> Outputs:
                     continue
                 v = v.resolve("another device's graph")
             if isinstance(v, jax.Array):
+                if v.is_deleted():  # (raised here, at the op, as strict mode does)
+                    raise RuntimeError("Array has been deleted")
                 i = g.input_ids.get(id(v))
                 if i is None:
                     i = g.input_ids[id(v)] = len(g.inputs)
@@ -217,7 +221,7 @@ def _replay(nodes, wanted):
 # error in program order. So the device runs a training step while Python records the
 # next one, and an error in step N surfaces at the marker of step N + 1 or at the first
 # wait before it, as CUDA's device-side asserts surface at a later call.
-_ASYNC = frozenset({"step marker", "size cap"})
+_ASYNC = frozenset({"step marker", "optimizer step", "size cap"})
 _deferred: list = []  # (checks, flags) of graphs run, in order
 
 
@@ -269,3 +273,16 @@ def mark_step() -> None:
 
 
 _devices.before_synchronize.append(lambda: flush_all("synchronize"))
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    """NOTE [Optimizer steps mark steps]: the end of ``Optimizer.step()`` is the end of a
+    training step, so in fused mode it dispatches what is pending, as
+    ``torch_jax.mark_step()`` does. An unchanged training loop then runs one graph per
+    step, with the same structure every step, instead of graphs cut wherever the size
+    cap falls (a new structure, so a new compilation, nearly every time)."""
+    if pending and config.mode == "fused":
+        flush_all("optimizer step")
+
+
+register_optimizer_step_post_hook(_after_optimizer_step)
