@@ -25,6 +25,15 @@ def _fallback_is_an_error():
     torch_jax.config.fallback = before
 
 
+@pytest.fixture(autouse=True)
+def _no_error_left_behind():
+    """In fused eager a value error surfaces at the next wait: a test must not leave one
+    for the next test to find."""
+    yield
+    if torch_jax.config.mode == "fused":
+        torch.jax.synchronize()
+
+
 @pytest.fixture
 def strict_mode():
     """For tests that look at strict eager's dispatch itself (the arrays in flight)."""

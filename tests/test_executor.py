@@ -42,7 +42,7 @@ def test_changing_python_scalars_do_not_recompile():
     assert torch_jax.stats()["compiles"] == 0
 
 
-def test_dispatch_is_asynchronous():
+def test_dispatch_is_asynchronous(strict_mode):
     """Ops return before their results are computed: a chain of ops on a large matrix
     is queued while the host goes on (the last result is not ready yet)."""
     x = torch.randn(1024, 1024, device="jax")
@@ -57,7 +57,7 @@ def test_dispatch_is_asynchronous():
     assert not ready_at_return
 
 
-def test_launch_blocking_waits_for_every_op():
+def test_launch_blocking_waits_for_every_op(strict_mode):
     torch_jax.config.launch_blocking = True
     try:
         x = torch.randn(1024, 1024, device="jax")

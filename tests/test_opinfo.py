@@ -16,6 +16,10 @@ gradients) takes over an hour on two cores, so by default CI runs a fixed share:
   (OpInfo, dtype) pairs, chosen by a hash of the pair's name (the same pairs every run),
   with up to 2 samples each.
 
+In fused eager (``TORCH_JAX_MODE=fused``, CI's second run) the default share is a fixed
+~1/48 of all (OpInfo, dtype) pairs, each with variants and gradients: every sample then
+runs as recorded graphs, which compile more slowly than single ops.
+
 ``TORCH_JAX_OPINFO=full python -m pytest tests/test_opinfo.py`` runs the whole sweep;
 ``python -m torch_jax.report coverage`` runs it too and writes docs/COVERAGE.md.
 """
@@ -28,14 +32,25 @@ import zlib
 import pytest
 import torch
 
+import torch_jax
 from torch_jax.report import _sweep
 
 FULL = os.environ.get("TORCH_JAX_OPINFO", "share") == "full"
 SHARE = 24  # one (OpInfo, dtype) pair in SHARE runs fully in the default (CI) share
+FUSED = torch_jax.config.mode == "fused"
+FUSED_SHARE = 48
 
 
-def _in_share(name: str, dtype) -> bool:
-    return zlib.crc32(f"{name}/{dtype}".encode()) % SHARE == 0
+def _in_share(name: str, dtype, share: int = SHARE) -> bool:
+    return zlib.crc32(f"{name}/{dtype}".encode()) % share == 0
+
+
+def _selected(name: str, dtype) -> bool:
+    if FULL:
+        return True
+    if FUSED:
+        return _in_share(name, dtype, FUSED_SHARE)
+    return dtype == torch.float32 or _in_share(name, dtype)
 
 
 def _family(name: str) -> str:
@@ -51,7 +66,7 @@ PAIRS = [
     pytest.param(op, dtype, id=f"{_sweep.name_of(op)}-{_dtype_id(dtype)}")
     for op in _sweep.opinfos()
     for dtype in _sweep.DTYPES
-    if _sweep.supported(op, dtype) and (FULL or dtype == torch.float32 or _in_share(_sweep.name_of(op), dtype))
+    if _sweep.supported(op, dtype) and _selected(_sweep.name_of(op), dtype)
 ]
 
 
@@ -59,7 +74,7 @@ PAIRS = [
 def test_opinfo(op, dtype):
     from torch_jax.ops._registry import DECLARED_FALLBACKS
 
-    thorough = FULL or _in_share(_sweep.name_of(op), dtype)
+    thorough = FULL or FUSED or _in_share(_sweep.name_of(op), dtype)
     result = _sweep.check(
         op,
         dtype,

@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 
+import torch_jax
 from conftest import to_cpu
 
 
@@ -70,7 +71,11 @@ def test_whole_module_and_optimizer_state():
         o.zero_grad()
         model(x).square().mean().backward()
         o.step()
-    torch.testing.assert_close(to_cpu(m2.weight), to_cpu(m.weight), rtol=0, atol=0)
+    # strict mode runs the same computations for both pairs: bit for bit. Fused mode
+    # compiles each step's graph for its own inputs (which buffers it may overwrite), and
+    # XLA may then contract multiply-adds differently: equal within an ulp or so.
+    exact = {"rtol": 0, "atol": 0} if torch_jax.config.mode == "strict" else {"rtol": 1e-6, "atol": 1e-7}
+    torch.testing.assert_close(to_cpu(m2.weight), to_cpu(m.weight), **exact)
 
 
 def test_deepcopy_and_pickle():
