@@ -1,0 +1,1 @@
+"""Benchmarks of torch_jax against PyTorch, side by side: ``python -m benchmarks``."""
