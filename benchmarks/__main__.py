@@ -9,8 +9,9 @@ device); the median repeat, ratios against PyTorch CPU eager, peak memory beside
                          [--repeats 5] [--quick] [--out DIR | --no-write]
 
 Peak memory is the growth of the process's peak resident set (Linux ``VmHWM``, reset
-before each variant) over its resident set when the variant started: the model, its
-optimizer state, the compiled code and every buffer the variant held at its worst. On a
+before each variant) over its resident set when the variant started, measured while the
+variant is built and runs its warm-up repeat (the same work as a timed repeat): the model,
+its optimizer state, the compiled code and every buffer the variant held at its worst. On a
 GPU-backed jax device the device's own peak is shown as well.
 """
 
@@ -147,7 +148,7 @@ def _run_workload(workload, variants, repeats: int, inner: int) -> dict:
         for v, b in list(built.items()):
             try:
                 b.time_one_repeat()
-            except Exception as e:  # noqa: PERF203
+            except Exception as e:
                 results[v] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 del built[v]
     for v, b in built.items():
@@ -196,7 +197,7 @@ def markdown(report: dict) -> str:
     ]
     for name, results in report["results"].items():
         lines.append(f"| {name} | " + " | ".join(_cell(results, v) for v in variants) + " |")
-    lines += ["", "Peak memory (MB above the process's resident set when the variant started):", ""]
+    lines += ["", "Peak memory (MB above the process's resident set when the variant started; build and warm-up):", ""]
     lines += ["| workload | " + " | ".join(VARIANTS[v] for v in variants) + " |", "| --- |" + " --- |" * len(variants)]
     for name, results in report["results"].items():
         cells = []
