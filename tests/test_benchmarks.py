@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.__main__ import main
+from benchmarks.__main__ import main, update_readme
 
 
 def test_the_suite_runs_and_writes_its_report(tmp_path):
@@ -23,3 +23,12 @@ def test_the_suite_runs_and_writes_its_report(tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert "| MLP 784-512-512-10 step, SGD, batch 128 |" in text and "torchax" in text
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    readme = tmp_path / "README.md.in"
+    readme.write_text("before\n<!-- benchmarks:start -->\nold\n<!-- benchmarks:end -->\nafter\n")
+    update_readme(report, str(readme))
+    text = readme.read_text()
+    assert text.startswith("before\n<!-- benchmarks:start -->\nLast run:") and text.endswith(
+        "<!-- benchmarks:end -->\nafter\n"
+    )
+    assert "old" not in text and "| MLP 784-512-512-10 step, SGD, batch 128 |" in text
+    assert "fused takes" in text and "(target <= 1x:" in text
