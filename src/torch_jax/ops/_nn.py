@@ -238,13 +238,14 @@ def native_group_norm(x, weight, bias, n, c, hw, group, eps):
 @lower(aten.native_group_norm_backward.default)
 def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output_mask):
     # y = (x - mean) * rstd * w + b with the saved statistics
-    xf = opmath(x).reshape(n, group, -1)
+    per = (c // group) * hw  # (spelled out: an empty x has no -1 to infer)
+    xf = opmath(x).reshape(n, group, per)
     x_hat = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     cs = _channel_shape(x)
     gf = opmath(g)
     w = opmath(weight).reshape(cs) if weight is not None else 1.0
-    dx_hat = (gf * w).reshape(n, group, -1)
-    xh = x_hat.reshape(n, group, -1)
+    dx_hat = (gf * w).reshape(n, group, per)
+    xh = x_hat.reshape(n, group, per)
     grad_input = (
         rstd[..., None] * (dx_hat - dx_hat.mean(axis=2, keepdims=True) - xh * (dx_hat * xh).mean(axis=2, keepdims=True))
     ).reshape(x.shape)

@@ -119,6 +119,7 @@ TOLERANCE = {
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.complex64): (1e-4, 1e-4),
     ("nn.functional.conv3d", torch.float32): (1e-4, 1e-4),
+    ("nn.functional.conv3d", torch.complex64): (1e-4, 1e-4),
     ("nn.functional.conv_transpose2d", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv2d", torch.float32): (1e-4, 1e-4),
 }
