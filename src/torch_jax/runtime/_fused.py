@@ -193,7 +193,7 @@ def _donatable(inputs, alive) -> tuple:
     donated = []
     for i in range(len(inputs)):
         v = inputs[i]
-        if v.__class__ is not Pending and isinstance(v, jax.Array) and sys.getrefcount(v) <= 3:
+        if isinstance(v, jax.Array) and sys.getrefcount(v) <= 3:  # (record resolves every Pending input)
             aval = (tuple(v.shape), v.dtype)
             if free[aval] > 0:
                 free[aval] -= 1
