@@ -73,16 +73,22 @@ def _load_journal(journal):
     return done
 
 
-def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progress=True, journal=None):
+def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progress=True, journal=None, claims=None):
     """Check every (OpInfo, dtype) pair. NOTE [Coverage journal]: with ``journal``, each
     result is appended to ``journal.<pid>`` as it is made, and pairs found in any
-    ``journal.*`` file are not run again, so a sweep longer than one sitting resumes."""
+    ``journal.*`` file are not run again, so a sweep longer than one sitting resumes.
+    With ``claims`` (a folder the workers of one parallel run share), an OpInfo is
+    checked by the worker that claims it first and skipped by the others."""
     ops = [op for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names]
     done = _load_journal(journal) if journal else {}
+    if journal:
+        os.makedirs(os.path.dirname(os.path.abspath(journal)), exist_ok=True)
     log = open(f"{journal}.{os.getpid()}", "a") if journal else None  # noqa: SIM115 (open for the whole run)
     results = []
     start = time.time()
     for n, op in enumerate(ops):
+        if claims is not None and not _claim(claims, _sweep.name_of(op)):
+            continue
         for dtype in dtypes:
             if not _sweep.supported(op, dtype):
                 continue
@@ -104,20 +110,32 @@ def run(dtypes, names=None, max_samples=None, grads=True, variants=True, progres
     return results
 
 
+def _claim(folder: str, name: str) -> bool:
+    """Whether this process is the first to claim OpInfo ``name`` in ``folder``."""
+    try:
+        os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def run_parallel(jobs, dtypes, names, max_samples, grads, variants, journal=None):
     """``run`` split over ``jobs`` worker processes (each a fresh interpreter with its own
-    JAX runtime), OpInfos dealt round-robin; the results come back through JSON files."""
+    JAX runtime); the results come back through JSON files. Each worker walks the whole
+    list and takes the next OpInfo no other worker has claimed, so no worker idles while
+    another still has a long tail of slow OpInfos (pooling, convolutions) to run."""
     import subprocess
     import tempfile
 
     all_names = [_sweep.name_of(op) for op in _sweep.opinfos() if names is None or _sweep.name_of(op) in names]
     with tempfile.TemporaryDirectory() as tmp:
+        claims = os.path.join(tmp, "claims")
+        os.makedirs(claims)
         procs = []
         for j in range(jobs):
-            share = all_names[j::jobs]
             cmd = [sys.executable, "-m", "torch_jax.report", "coverage", "--jobs", "1", "--quiet"]
             cmd += ["--out", os.path.join(tmp, str(j)), "--dtypes", ",".join(_dtype_name(d) for d in dtypes)]
-            cmd += ["--ops", ",".join(share)]
+            cmd += ["--ops", ",".join(all_names), "--claims", claims]
             if max_samples is not None:
                 cmd += ["--max-samples", str(max_samples)]
             cmd += [] if grads else ["--no-grads"]
@@ -299,6 +317,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--journal", default=None, help="record each result in JOURNAL.<pid> as it is made; skip pairs already recorded"
     )
+    parser.add_argument(
+        "--claims", default=None, help="(for --jobs workers) a folder in which each OpInfo is claimed by one worker"
+    )
     args = parser.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     names = set(args.ops.split(",")) if args.ops else None
@@ -308,7 +329,14 @@ def main(argv=None) -> int:
         )
     else:
         results = run(
-            dtypes, names, args.max_samples, not args.no_grads, not args.no_variants, not args.quiet, args.journal
+            dtypes,
+            names,
+            args.max_samples,
+            not args.no_grads,
+            not args.no_variants,
+            not args.quiet,
+            args.journal,
+            args.claims,
         )
     summary = summarize(results, dtypes)
     import jax
