@@ -255,9 +255,10 @@ def _count(bins, nbins: int, weight, dtype):
 
 def _extrema(x, lo, hi, widen: float, from_data: bool):
     """Outer edges: ``lo``/``hi``, or the data's min and max (``from_data``); widened by
-    ``widen`` when equal. Checked to be finite, as on the CPU."""
-    if from_data and x.size:
-        lo, hi = jnp.min(x), jnp.max(x)
+    ``widen`` when equal. Checked to be finite, as on the CPU. With no data, [0, 1] (the
+    CPU's choice, and NumPy's)."""
+    if from_data:
+        lo, hi = (jnp.min(x), jnp.max(x)) if x.size else (0.0, 1.0)
     lo, hi = jnp.asarray(lo, x.dtype), jnp.asarray(hi, x.dtype)
     same = lo == hi
     lo, hi = jnp.where(same, lo - widen, lo), jnp.where(same, hi + widen, hi)
