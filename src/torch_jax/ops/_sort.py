@@ -356,6 +356,8 @@ def nonzero_static(x, size, fill_value=-1):
     if x.ndim == 0:
         idx = jnp.zeros((size, 0), jnp.int64)
         return idx
+    if x.size == 0:  # (jnp.nonzero pads an empty input with 0, not fill_value)
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
     cols = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(cols, axis=1).astype(jnp.int64)
 
