@@ -101,6 +101,7 @@ SWEEP_FINDINGS = [
     ("histogram", torch.float32, 160, False),  # empty input: the bin edges span [0, 1]
     ("histogramdd", torch.float64, 72, False),
     ("nonzero_static", torch.int64, 51, False),  # empty input: every row is fill_value
+    ("nn.functional.kl_div", torch.bfloat16, 3, False),  # cancellation of 1-ulp differences (TOLERANCE)
     ("svd", torch.float32, 208, True),  # gradient amplifies LAPACK's float32 rounding (TOLERANCE)
 ]
 
@@ -108,6 +109,7 @@ SWEEP_FINDINGS = [
 @pytest.mark.parametrize("name, dtype, index, grad", SWEEP_FINDINGS, ids=lambda v: str(v).replace("torch.", ""))
 def test_sweep_finding(name, dtype, index, grad):
     op = next(o for o in _sweep.opinfos() if _sweep.name_of(o) == name)
+    torch.manual_seed(67280421310721)  # PyTorch's default seed: the samples a fresh process makes
     sample = next(itertools.islice(op.sample_inputs("jax", dtype, requires_grad=grad), index, None))
     where = f"{name} {_dtype_id(dtype)} sample {index}"
     if grad:

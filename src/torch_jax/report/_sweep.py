@@ -93,6 +93,11 @@ TOLERANCE = {
     ("pow", torch.complex64): (5e-6, 1e-5),
     ("__rpow__", torch.complex64): (5e-6, 1e-5),
     ("special.log_ndtr", torch.float32): (1e-5, 1e-5),
+    # kl_div subtracts two terms of similar size (xlogy(t, t) - t * x); in bfloat16 our
+    # xlogy rounds once from float32 (as CUDA's does), the CPU rounds the log to bfloat16
+    # first: 1 ulp apart (0.002 at 0.33), which the subtraction leaves as 4% of a 0.026
+    # result (float64: 0.02650; CPU 0.02637, ours 0.02539)
+    ("nn.functional.kl_div", torch.bfloat16): (1.6e-2, 2e-3),
     # the grid's gradient sums over channels and corners: summation order shows at ~1e-5
     ("grid_sampler_2d", torch.float32): (1e-4, 1e-4),
     ("grid_sampler_3d", torch.float32): (1e-4, 2e-4),
