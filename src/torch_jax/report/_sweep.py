@@ -62,6 +62,10 @@ EXCLUDED_PAIRS = {
 NO_OUT_CHECK = {
     "fft.ihfftn": "PyTorch's CPU ihfftn(out=) over one dim never writes out (a PyTorch bug): "
     "the CPU run leaves the out tensor uninitialized",
+    # measured: CPU ihfft2(x, dim=0, out=o) leaves o as it was (filled with 0, 1 or 2,
+    # it still holds 0, 1 or 2); ours runs the same composite and leaves o as it was too
+    "fft.ihfft2": "PyTorch's ihfft2(out=) over one dim (dim=0) never writes out, as ihfftn's (a PyTorch bug): "
+    "the out tensors keep their uninitialized contents",
 }
 
 # ops whose results are random or uninitialized: only shapes and dtypes are compared
@@ -104,6 +108,14 @@ TOLERANCE = {
     ("nn.functional.grid_sample", torch.float32): (1e-4, 1e-4),
     # pocketfft and XLA's FFT, and LAPACK paths, round float32 differently at ~1e-5
     ("fft.hfft2", torch.float32): (1e-4, 1e-4),
+    # (integer inputs transform in float32 too; at the worst samples, of values up to
+    # 180-400, the CPU's results are 1.9e-5 to 4.1e-5 from float64 and ours 1.7e-5 to
+    # 3.8e-5, at different elements)
+    ("fft.hfft2", torch.int64): (1e-4, 1e-4),
+    ("fft.hfft2", torch.int32): (1e-4, 1e-4),
+    ("fft.hfft2", torch.complex64): (1e-4, 1e-4),
+    ("fft.fft2", torch.int64): (1e-4, 1e-4),
+    ("fft.fft2", torch.int32): (1e-4, 1e-4),
     ("linalg.tensorsolve", torch.float32): (1e-4, 1e-4),
     # the CPU's own float32 CTC gradient is 7.6e-5 from the float64 one
     ("nn.functional.ctc_loss", torch.float32): (1e-4, 1e-4),
@@ -125,6 +137,9 @@ TOLERANCE = {
     # does, so at the worst sample (batched 5x5, gradient up to 2.4) the CPU's float32
     # gradient is 1.0e-5 from the float64 gradient and ours 7.3e-5
     ("svd", torch.float32): (1e-4, 1e-4),
+    # eig's float32 gradient: the CPU's is 1.6e-5 from the float64 gradient (up to 2.9),
+    # ours 1.8e-6
+    ("linalg.eig", torch.float32): (1e-4, 1e-4),
     ("linalg.svd", torch.float32): (1e-4, 1e-4),
     ("nn.functional.scaled_dot_product_attention", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
