@@ -128,7 +128,9 @@ TOLERANCE = {
     # float32 gradients through triangular solves and least squares: the forward matches
     # at the default tolerance, the backward (more solves) differs by ~3e-5
     ("triangular_solve", torch.float32): (1e-4, 1e-4),
-    ("linalg.householder_product", torch.float32): (1e-4, 1e-4),
+    # (householder_product's gradient reaches 773 at sample 7: the CPU's is 4.4e-3 from the
+    # float64 gradient there, ours 9.0e-3, 1.2e-5 of the largest element)
+    ("linalg.householder_product", torch.float32): (3e-4, 1e-4),
     ("linalg.lstsq", torch.float32): (1e-4, 1e-4),
     ("linalg.lstsq.grad_oriented", torch.float32): (1e-4, 1e-4),
     ("linalg.pinv.hermitian", torch.float32): (1e-4, 1e-4),
