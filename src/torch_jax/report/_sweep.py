@@ -142,6 +142,9 @@ TOLERANCE = {
     # eig's float32 gradient: the CPU's is 1.6e-5 from the float64 gradient (up to 2.9),
     # ours 1.8e-6
     ("linalg.eig", torch.float32): (1e-4, 1e-4),
+    # multi_dot's gradients chain products up to 1.1e4 (sample 6): the CPU's float32
+    # gradients are up to 8.8e-4 from float64, ours 6.6e-4
+    ("linalg.multi_dot", torch.float32): (1e-5, 1e-4),
     ("linalg.svd", torch.float32): (1e-4, 1e-4),
     ("nn.functional.scaled_dot_product_attention", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
