@@ -108,6 +108,7 @@ SWEEP_FINDINGS = [
     ("linalg.eig", torch.float32, 4, True),
     ("linalg.householder_product", torch.float32, 7, True),
     ("linalg.multi_dot", torch.float32, 6, True),
+    ("masked.normalize", torch.float32, 22, True),
 ]
 
 

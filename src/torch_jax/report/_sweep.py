@@ -145,6 +145,9 @@ TOLERANCE = {
     # multi_dot's gradients chain products up to 1.1e4 (sample 6): the CPU's float32
     # gradients are up to 8.8e-4 from float64, ours 6.6e-4
     ("linalg.multi_dot", torch.float32): (1e-5, 1e-4),
+    # masked.normalize's gradients reach 3.1e4 at sample 22; the CPU's float32 gradient
+    # and ours are both 6.3e-4 from float64 (at different elements)
+    ("masked.normalize", torch.float32): (1e-5, 1e-4),
     ("linalg.svd", torch.float32): (1e-4, 1e-4),
     ("nn.functional.scaled_dot_product_attention", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
