@@ -3,12 +3,14 @@ in flight that ``torch.jax.synchronize()`` waits for."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
 import jax
 import numpy as np
 import torch
+from jax.sharding import SingleDeviceSharding
 
 _devices = jax.devices()
 _current = 0
@@ -39,6 +41,12 @@ def device(index: int):
             "for N CPU devices"
         )
     return _devices[index]
+
+
+@functools.cache
+def sharding(index: int) -> SingleDeviceSharding:
+    """The sharding that places an array on jax:index (one object per device)."""
+    return SingleDeviceSharding(device(index))
 
 
 def current() -> int:

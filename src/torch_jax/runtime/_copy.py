@@ -9,12 +9,9 @@ it is not) and copied once into the CPU tensor.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 import torch
-from jax.sharding import SingleDeviceSharding
 
 from torch_jax.device import _state as _devices
 from torch_jax.runtime import _executor, _fused, _stats
@@ -67,14 +64,10 @@ def _put(a: np.ndarray, index: int):
     device, ``pxla.batched_device_put`` after about 20 us of Python (argument trees,
     copy semantics, sharding checks); calling it directly costs about 5 us. Every
     upload (``torch.tensor(..., device="jax")``, a batch's ``.to("jax")``) pays it."""
+    dev = _devices.device(index)
     if _batched_device_put is None:
-        return jax.device_put(a, _devices.device(index))
-    return _batched_device_put(_jax_core.ShapedArray(a.shape, a.dtype), _sharding(index), [a], [_devices.device(index)])
-
-
-@functools.cache
-def _sharding(index: int) -> SingleDeviceSharding:
-    return SingleDeviceSharding(_devices.device(index))
+        return jax.device_put(a, dev)
+    return _batched_device_put(_jax_core.ShapedArray(a.shape, a.dtype), _devices.sharding(index), [a], [dev])
 
 
 def _aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:

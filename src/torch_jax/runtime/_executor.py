@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax.sharding import SingleDeviceSharding
 
 from torch_jax._config import config
 from torch_jax.device import _accelerator
@@ -741,7 +740,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     # so that dropping the entry (NOTE [Bounded compile cache]) frees it, whatever
     # JAX's own tracing caches still hold.
     entry.traced = traced
-    entry.jitted = jax.jit(traced, out_shardings=SingleDeviceSharding(_devices.device(index)))
+    entry.jitted = jax.jit(traced, out_shardings=_devices.sharding(index))
     entry.fn = None
     if config.mode == "fused":
         # NOTE [Fused eager]: tracing gives the outputs' shapes and the write order and

@@ -36,7 +36,6 @@ import weakref
 
 import jax
 import numpy as np
-from jax.sharding import SingleDeviceSharding
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
@@ -148,7 +147,7 @@ def _run(g: _Graph, reason: str) -> None:
             print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
         fn = jax.jit(
             _replay(nodes, wanted),
-            out_shardings=SingleDeviceSharding(_devices.device(g.index)),
+            out_shardings=_devices.sharding(g.index),
             donate_argnums=donated,
         )
         fn = fn.lower(*g.inputs).compile()
