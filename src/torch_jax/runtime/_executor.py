@@ -627,7 +627,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     entry.index = index
     entry.checks = []
     entry.n_groups = groups
-    entry.used = False
+    entry.used = True  # (a new entry was used by the call that made it: a sweep now keeps it)
 
     # where each tensor argument's storage array sits in dyn (for writes)
     positions = {}
