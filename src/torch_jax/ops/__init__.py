@@ -9,6 +9,7 @@ from torch_jax.ops import (  # noqa: F401
     _elementwise,
     _factories,
     _fft,
+    _foreach,
     _grid_sample,
     _indexing,
     _interp,

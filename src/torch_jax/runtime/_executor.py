@@ -39,8 +39,8 @@ _Pending = _storage.Pending
 _Generator = torch._C.Generator
 _TO_NP = _dtypes.TO_NP
 
-# argument kinds
-T, OT, TL, OTL, S, OS, X = range(7)
+# argument kinds (SL: a Scalar[], each number a run-time input like a Scalar's)
+T, OT, TL, OTL, S, OS, X, SL = range(8)
 _KIND_OF_TYPE = {
     "Tensor": T,
     "Optional[Tensor]": OT,
@@ -48,6 +48,7 @@ _KIND_OF_TYPE = {
     "List[Optional[Tensor]]": OTL,
     "number": S,
     "Optional[number]": OS,
+    "List[number]": SL,
 }
 
 
@@ -230,6 +231,9 @@ def run(spec: OpSpec, args):
                 else:
                     key.append(a.__class__)
                     dyn.append(a)
+        elif kind == SL:  # (the foreach ops' per-tensor scalars: step sizes that change every step)
+            key.append(tuple(x.__class__ for x in a))
+            dyn.extend(a)
         else:  # TL, OTL
             descs = []
             for x in a:
@@ -641,6 +645,8 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
                 vals.append(k)
             elif kind == S or kind == OS:
                 vals.append(None if k is None else spec.defaults[pos] if k == ("d",) else next(it))
+            elif kind == SL:
+                vals.append([next(it) for _ in k])
             elif kind == T or kind == OT:
                 positions[pos] = it.i
                 vals.append(_read(k, it))

@@ -55,13 +55,19 @@ def _out_variant(op):
     packet = getattr(aten, op._schema.name.split("::")[1])
     for name in packet.overloads():
         cand = getattr(packet, name)
-        if cand is op or not _out_args(cand):
+        if cand is op or not _out_args(cand) or _list_out(cand):
             continue
         # tensor options the out= overload lacks come from the out tensor (cumsum.out keeps dtype)
         have = {a.name for a in cand._schema.arguments}
         if _signature(cand) == _signature(op, skip=[o for o in _TENSOR_OPTIONS if o not in have]):
             return cand
     return None
+
+
+def _list_out(op) -> bool:
+    """An out= overload writing a Tensor[] (``_foreach_add.List_out``): not derived,
+    :func:`write_out` copies single tensors."""
+    return any(str(a.type).startswith("List") for a in op._schema.arguments if a.name in _out_args(op))
 
 
 def _make_kernel(op, body: str, namespace: dict):
@@ -194,14 +200,14 @@ def install():
     jax.config.update("jax_enable_x64", True)  # PyTorch's int64/float64 are real
     from torch_jax import ops  # noqa: F401  (fills the lowering table)
     from torch_jax.ops._registry import LOWERINGS
-    from torch_jax.runtime import _copy, _dynamic, _fallback, _redirects
+    from torch_jax.runtime import _copy, _dynamic, _fallback, _foreach, _redirects
     from torch_jax.tensor import _kernels
 
     _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
     with warnings.catch_warnings():
         # registering over the dispatcher's default PrivateUse1 kernels warns once per op
         warnings.simplefilter("ignore", UserWarning)
-        for op, kernel in _kernels.kernels() + _copy.kernels():
+        for op, kernel in _kernels.kernels() + _copy.kernels() + _foreach.kernels():
             _register(op, kernel, "kernel")
         for op, kernel in _redirects.kernels() + _dynamic.kernels():
             _register(op, _below_autocast(kernel), "kernel")
