@@ -95,3 +95,15 @@ def test_randperm_is_a_uniform_permutation():
     firsts = torch.tensor([torch.randperm(4, device="jax")[0].item() for _ in range(400)])
     counts = torch.bincount(firsts, minlength=4)
     assert counts.min() > 60, counts
+
+
+def test_draws_are_uncorrelated():
+    """Successive draws, draws under neighbouring seeds and neighbouring elements of one
+    draw are uncorrelated (NOTE [Random bits from XLA's Threefry]: keys from the seed and
+    offset, bits from XLA's RngBitGenerator). The bound is about six standard errors."""
+    torch.manual_seed(0)
+    a, b = torch.rand(N, device="jax").cpu(), torch.rand(N, device="jax").cpu()
+    torch.manual_seed(1)
+    c = torch.rand(N, device="jax").cpu()
+    for x, y in ((a, b), (a, c), (a[1:], a[:-1]), (a[: N // 2], a[N // 2 :])):
+        assert abs(torch.corrcoef(torch.stack([x, y]))[0, 1].item()) < 0.03

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -79,11 +80,55 @@ def check(bad, exc_type, message: str, value=None) -> None:
 
 def rng_key():
     """The PRNG key of the random op being traced (a fresh one per call)."""
-    import jax
-
     ctx = current()
     if ctx.rng is None:
         raise RuntimeError(f"torch_jax: {ctx.op} asked for a random key but is not declared random")
-    key = jax.random.wrap_key_data(ctx.rng[:2], impl="threefry2x32")
-    key = jax.random.fold_in(key, ctx.rng[2])
-    return jax.random.fold_in(key, ctx.rng[3])
+    return key_from_words(ctx.rng)
+
+
+def key_from_words(rng):
+    """The PRNG key of a random op from its generator words (uint32[4]: the seed's two
+    words and the offset's two).
+
+    NOTE [Random bits from XLA's Threefry]: the seed and offset are hashed into a key
+    with JAX's threefry ``fold_in``, as JAX derives keys; the random bits themselves come
+    from XLA's RngBitGenerator with its Threefry algorithm (``_xla_threefry_impl``), one
+    XLA op that runs 3-4x faster on CPU than JAX's own threefry lowering (measured:
+    dropout's mask of 524k elements 2.5 -> 0.7 ms, uniform floats 2.6 -> 0.9 ms). The
+    numbers are a fixed function of the seed and offset on a backend, so strict and fused
+    eager draw the same ones; like PyTorch's, they differ between backends."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.wrap_key_data(rng[:2], impl="threefry2x32")
+    key = jax.random.fold_in(jax.random.fold_in(key, rng[2]), rng[3])
+    words = jnp.concatenate([jax.random.key_data(key), jax.random.key_data(jax.random.fold_in(key, 1))])
+    return jax.random.wrap_key_data(words, impl=_xla_threefry_impl())
+
+
+@functools.cache
+def _xla_threefry_impl():
+    """JAX's "rbg" key (uint32[4]; seed, split and fold_in as JAX has them) whose bits come
+    from RngBitGenerator with the Threefry algorithm named (rbg's default algorithm is the
+    backend's choice: Philox on this CPU, slower than Threefry)."""
+    import jax.extend.random as jex
+    from jax import lax
+
+    rbg = jex.rbg_prng_impl
+    widths = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+    def random_bits(key, bit_width, shape):
+        _, bits = lax.rng_bit_generator(
+            key, shape, dtype=widths[bit_width], algorithm=lax.RandomAlgorithm.RNG_THREE_FRY
+        )
+        return bits
+
+    return jex.define_prng_impl(
+        key_shape=rbg.key_shape,
+        seed=rbg.seed,
+        split=rbg.split,
+        random_bits=random_bits,
+        fold_in=rbg.fold_in,
+        name="torch_jax_xla_threefry",
+        tag="tjt",
+    )

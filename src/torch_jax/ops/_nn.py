@@ -449,8 +449,7 @@ def _key_from_words(seed, offset):
     seed = lax.bitcast_convert_type(seed, jnp.uint64)
     offset = lax.bitcast_convert_type(offset, jnp.uint64)
     rng = jnp.stack([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32]).astype(jnp.uint32)
-    key = jax.random.wrap_key_data(rng[:2], impl="threefry2x32")
-    return jax.random.fold_in(jax.random.fold_in(key, rng[2]), rng[3])
+    return _context.key_from_words(rng)
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
