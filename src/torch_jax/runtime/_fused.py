@@ -36,6 +36,7 @@ import weakref
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl as _ArrayImpl  # (checked before isinstance(v, jax.Array), which is slower)
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
@@ -49,6 +50,7 @@ materializations: collections.Counter = collections.Counter()
 pending = False  # some graph holds unrun ops (a module global: the executor reads it per op)
 _graphs: dict[int, _Graph] = {}  # device index -> its pending graph
 _compiled: dict = {}  # graph structure -> compiled computation
+_weakref = weakref.ref
 _lock = threading.RLock()
 
 
@@ -85,35 +87,43 @@ def record(entry, dyn) -> Outputs:
     global pending
     with _lock:
         g = _graph(entry.index)
+        inputs, input_ids = g.inputs, g.input_ids
         refs = []
         for v in dyn:
-            if v.__class__ is Pending:
+            cls = v.__class__
+            if cls is Pending:
                 if v.value is None and v.graph is g:
                     refs.append((v.node, v.out))
                     continue
                 v = v.resolve("another device's graph")
-            if isinstance(v, jax.Array):
+                cls = v.__class__
+            if cls is _ArrayImpl or isinstance(v, jax.Array):
                 if v.is_deleted():  # (raised here, at the op, as strict mode does)
                     raise RuntimeError("Array has been deleted")
-                i = g.input_ids.get(id(v))
+                i = input_ids.get(id(v))
                 if i is None:
-                    i = g.input_ids[id(v)] = len(g.inputs)
-                    g.inputs.append(v)
+                    i = input_ids[id(v)] = len(inputs)
+                    inputs.append(v)
             else:  # a Python scalar or a random key: always its own input (its value varies)
-                i = len(g.inputs)
-                g.inputs.append(v)
+                i = len(inputs)
+                inputs.append(v)
             refs.append(i)
-        if entry.out_avals is None:  # an entry compiled in strict mode
-            entry.out_avals = jax.eval_shape(entry.traced, *dyn)
+        avals = entry.out_avals
+        if avals is None:  # an entry compiled in strict mode
+            avals = entry.out_avals = jax.eval_shape(entry.traced, *dyn)
         node = len(g.nodes)
         g.nodes.append((entry, tuple(refs)))
         if entry.checks:
             g.checked.append(node)
-        outs = Outputs(Pending(g, node, k, a.shape, a.dtype) for k, a in enumerate(entry.out_avals))
-        g.outputs.extend(weakref.ref(p) for p in outs)
+        outs = Outputs()
+        weak = g.outputs
+        for k, a in enumerate(avals):
+            p = Pending(g, node, k, a.shape, a.dtype)
+            outs.append(p)
+            weak.append(_weakref(p))
         pending = True
         _counters["fused_ops"] += 1
-        if len(g.nodes) >= config.fused_max_ops:
+        if node + 1 >= config.fused_max_ops:
             _run(g, "size cap")
         return outs
 
