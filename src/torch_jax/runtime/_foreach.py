@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from torch_jax.ops._foreach import PER_TENSOR
-from torch_jax.runtime import _executor
+from torch_jax.runtime import _executor, _install
 
 Tensor = torch.Tensor
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -109,10 +109,10 @@ def _inplace(per_op):
     into self, as PyTorch's loop does)."""
     if per_op is torch.ops.aten.zero_.default:
         return per_op
-    packet = getattr(torch.ops.aten, per_op._schema.name.split("::")[1] + "_", None)
-    if packet is None:
+    inplace = _install._inplace_variant(per_op)
+    if inplace is None:
         return lambda self, *rest: self.copy_(_call(per_op, (self, *rest)))
-    return getattr(packet, per_op._overloadname)
+    return inplace
 
 
 def run(op, args):
@@ -123,6 +123,4 @@ def run(op, args):
 
 
 def kernels():
-    from torch_jax.runtime._install import _make_kernel
-
-    return [(op, _make_kernel(op, "return _run(_op, (ARGS))", {"_run": run, "_op": op})) for op in PER_TENSOR]
+    return [(op, _install._make_kernel(op, "return _run(_op, (ARGS))", {"_run": run, "_op": op})) for op in PER_TENSOR]
