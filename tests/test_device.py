@@ -150,3 +150,17 @@ def test_storage_of_the_device():
     assert s.device == torch.device("jax:0") and s.nbytes() == 8
     t = torch.empty(0, dtype=torch.uint8, device="jax").set_(torch.UntypedStorage([1, 2, 3], device="jax"))
     assert t.tolist() == [1, 2, 3]
+
+
+def test_new_tensors_do_not_depend_on_the_shared_pycapsule_new():
+    """ctypes.pythonapi.PyCapsule_New is one object per process whose argument types any
+    library may set (jax.ffi.pycapsule sets a destructor type that rejects None): the
+    device's DLPack capsules are built through a prototype of their own."""
+    import ctypes
+
+    import jax
+
+    x = torch.arange(6.0, device="jax")
+    jax.ffi.pycapsule(ctypes.cast(ctypes.pythonapi.Py_IncRef, ctypes.c_void_p))
+    assert ctypes.pythonapi.PyCapsule_New.argtypes[2] is not ctypes.c_void_p  # (what the old code relied on)
+    assert (x * 2).cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]

@@ -34,9 +34,11 @@ from torch_jax.tensor import _dtypes
 _libc = ctypes.CDLL(None)
 _NO_OP_DELETER = ctypes.cast(_libc.labs, ctypes.c_void_p).value
 _memmove = ctypes.memmove
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# (a prototype of our own: ctypes.pythonapi.PyCapsule_New is one object shared by the
+# process, whose argtypes others set, jax.ffi.pycapsule among them)
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi)
+)
 _from_dlpack = torch._C._from_dlpack
 
 # DLManagedTensor: data, device(type, id), ndim, dtype(code, bits, lanes), shape*, strides*,
