@@ -132,6 +132,23 @@ def test_overwritten_storages_donate_their_buffers(fused):
     torch.testing.assert_close(alias.cpu().flatten(), model.bias.detach().cpu())
 
 
+def test_a_donated_buffer_holds_its_storages_new_value(fused):
+    """NOTE [Donation]: the parameter's buffer is rewritten with the parameter's new value,
+    not with another result of the same shape computed earlier in the graph (a gradient),
+    which would make XLA copy the parameter to keep reading it."""
+    w = torch.randn(64, 32, device="jax")
+    x = torch.randn(32, 32, device="jax")
+    torch.jax.synchronize()
+    box = w.untyped_storage()._box
+    buffer = _storage.array(box).unsafe_buffer_pointer()
+    grad = torch.mm(w, x) * 2  # a fresh result of w's shape and dtype, made before w's update
+    w.sub_(0.1 * torch.mm(grad, x.t()))
+    torch_jax.mark_step()
+    torch.jax.synchronize()
+    assert _storage.array(box).unsafe_buffer_pointer() == buffer
+    assert grad.cpu().shape == (64, 32)
+
+
 def test_views_and_in_place_writes(fused):
     base = torch.zeros(4, 5, device="jax")
     row, col = base[1], base[:, 2]

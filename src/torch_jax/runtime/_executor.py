@@ -576,7 +576,7 @@ class _Entry:
         spec = self.spec
         if spec.inplace:
             self_t = args[0]
-            self_t.untyped_storage()._box.arr = results[0]
+            _storage.replace(self_t.untyped_storage()._box, results[0])
             return self_t
         fresh = []
         arrays = iter(results)
@@ -602,7 +602,7 @@ class _Entry:
     def _write_back(self, args, arrays):
         targets = list(_write_targets(self.spec, args))
         for slot, arr in zip(self.write_order, arrays):
-            _storage.box_of(targets[slot]).arr = arr
+            _storage.replace(_storage.box_of(targets[slot]), arr)
 
 
 # writes the CPU allows through overlapping (expanded) views: every element gets one value

@@ -105,7 +105,7 @@ class Pending:
     in runtime/_fused): output ``out`` of node ``node`` of ``graph``, with the shape and
     dtype it will have. ``value`` holds the array once the graph has run."""
 
-    __slots__ = ("graph", "node", "out", "shape", "dtype", "value", "__weakref__")
+    __slots__ = ("graph", "node", "out", "shape", "dtype", "value", "replaced", "__weakref__")
 
     def __init__(self, graph, node: int, out: int, shape, dtype):
         self.graph = graph
@@ -114,11 +114,26 @@ class Pending:
         self.shape = shape
         self.dtype = dtype
         self.value = None
+        self.replaced = None  # the graph input this result replaced in its storage (its position)
 
     def resolve(self, reason: str):
         if self.value is None:
             self.graph.flush(reason)
         return self.value
+
+
+def replace(box: Box, arr) -> None:
+    """``box.arr = arr``, where a pending ``arr`` remembers which input of its graph the
+    storage held before the graph (NOTE [Donation] in runtime/_fused pairs the two)."""
+    if arr.__class__ is Pending:
+        old = box.arr
+        if old.__class__ is Pending and old.value is None:
+            arr.replaced = old.replaced if old.graph is arr.graph else None
+        else:
+            if old.__class__ is Pending:
+                old = old.value
+            arr.replaced = arr.graph.input_ids.get(id(old))  # (the graph holds its inputs: ids stay theirs)
+    box.arr = arr
 
 
 def array(box: Box, reason: str = "read"):
