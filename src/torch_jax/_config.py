@@ -45,6 +45,9 @@ class Config:
     fused_max_ops: the size cap of a fused graph (it runs when it reaches this many ops).
     cache_size: how many compiled computations are kept (least recently used ones are
         dropped beyond it; each holds compiled code).
+    cpu_blas: on XLA:CPU, the 2-D float32/float64 matrix products of fused graphs call the
+        BLAS PyTorch's CPU build ships instead of XLA's dot (NOTE [Matrix products through
+        PyTorch's BLAS] in runtime/_cpu_blas); read when a graph is compiled.
     """
 
     fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
@@ -53,6 +56,7 @@ class Config:
     mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
     cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))
     fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
+    cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", 1) != 0)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:

@@ -41,7 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _stats
+from torch_jax.runtime import _cpu_blas, _stats
 from torch_jax.tensor._storage import Pending
 
 _counters = _stats.counters
@@ -153,7 +153,8 @@ def _run(g: _Graph, reason: str) -> None:
         last = len(rank)
         alive.sort(key=lambda p: rank.get(p.replaced, last))
     wanted = tuple((p.node, p.out) for p in alive) + tuple(checks)
-    key = (g.index, nodes, wanted, donated)  # (each entry's key fixes its inputs' shapes, dtypes and kinds)
+    # (each entry's key fixes its inputs' shapes, dtypes and kinds)
+    key = (g.index, nodes, wanted, donated, config.cpu_blas)
     fn = _compiled.get(key)
     if fn is None:
         _counters["graphs_compiled"] += 1
@@ -164,7 +165,8 @@ def _run(g: _Graph, reason: str) -> None:
             out_shardings=_devices.sharding(g.index),
             donate_argnums=donated,
         )
-        fn = fn.lower(*g.inputs).compile()
+        with _cpu_blas.in_graph():
+            fn = fn.lower(*g.inputs).compile()
         if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
             for k in list(_compiled)[: len(_compiled) // 2]:
                 del _compiled[k]
