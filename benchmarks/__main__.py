@@ -99,6 +99,7 @@ class _Variant:
     def _repeat(self, n: int) -> float:
         kept = []  # every result stays alive, as a program uses its results (else fused mode
         # would rightly skip computing them)
+        gc.collect()  # (the other variants' garbage is not this repeat's to collect)
         t0 = time.perf_counter()
         for _ in range(n):
             kept.append(self.fn())
