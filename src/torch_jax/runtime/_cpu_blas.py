@@ -52,8 +52,12 @@ import jax
 import jaxlib
 import numpy as np
 from jax import lax
-from jax._src.core import ShapedArray
-from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+
+try:  # (JAX internals: where they move, products use XLA's dot)
+    from jax._src.core import ShapedArray
+    from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+except ImportError:
+    ShapedArray = DynamicJaxprTracer = None
 from jax.extend import core
 from jax.interpreters import mlir
 
@@ -114,6 +118,8 @@ def _load() -> bool:
         if _status is not None:
             return _status == "ok"
         try:
+            if DynamicJaxprTracer is None:
+                raise RuntimeError("this JAX has no jax._src DynamicJaxprTracer/ShapedArray")
             import torch
 
             blas = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
@@ -202,7 +208,9 @@ def matmul(a, b):
     dtype = np.dtype(a.dtype)
     if dtype not in _TARGETS or np.dtype(b.dtype) != dtype or a.ndim != 2 or b.ndim != 2:
         return None
-    if not all(0 < d <= _INT_MAX for d in (*a.shape, b.shape[1])):
+    m, k = a.shape
+    n = b.shape[1]
+    if not (0 < m and 0 < k and 0 < n and max(m * k, k * n, m * n) <= _INT_MAX):  # (LP64 BLAS)
         return None
     a, trans_a = _untransposed(a)
     b, trans_b = _untransposed(b)
