@@ -42,9 +42,10 @@ constexpr int kMinBlock = 32;
 // blocks of C's rows (or columns, whichever C has more of). Letting the BLAS thread itself
 // made each XLA thread the master of an OpenMP team of its own, and from then on PyTorch's
 // own CPU ops in the same process ran ~1.6x slower (its MLP step 2.6 -> 4.3 ms, measured;
-// libgomp likely throttles its spin-waiting once it manages more threads than cores). Blocks are claimed from a counter by the calling
-// thread and by the tasks it schedules, so the caller never waits for a block that no
-// thread has started (no deadlock when every pool thread is inside a product).
+// libgomp likely throttles its spin-waiting once it manages more threads than cores).
+// Blocks are claimed from a counter by the calling thread and by the tasks it schedules,
+// so the caller never waits for a block that no thread has started (no deadlock when
+// every pool thread is inside a product).
 template <typename T>
 static void GemmBlocks(gemm_fn<T> gemm, ffi::ThreadPool pool, const T* a, const T* b, T* c, int m, int n, int k,
                        bool trans_a, bool trans_b) {
