@@ -62,6 +62,7 @@ from jax.extend import core
 from jax.interpreters import mlir
 
 from torch_jax._config import config
+from torch_jax.tensor import _storage
 
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.cc"
 _TARGETS = {np.dtype(np.float32): "tj_gemm_f32", np.dtype(np.float64): "tj_gemm_f64"}
@@ -72,8 +73,8 @@ _library = None  # (kept loaded while the process runs)
 
 
 def status() -> str:
-    """``"ok"`` when float32/float64 2-D products on the CPU call the BLAS, else the
-    reason they use XLA's dot (tries the build if it has not been tried)."""
+    """``"ok"`` when fused graphs' float32/float64 2-D products on the CPU call the BLAS,
+    else the reason they use XLA's dot (tries the build if it has not been tried)."""
     _load()
     return _status
 
@@ -132,7 +133,10 @@ def _load() -> bool:
             lib = ctypes.CDLL(str(_build()))
             lib.tj_set_blas(*(ctypes.cast(f, ctypes.c_void_p) for f in fns))
             for target in _TARGETS.values():
-                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
+                # (the capsule as jax.ffi.pycapsule makes it, without resetting the argtypes of
+                # the process's one ctypes.pythonapi.PyCapsule_New as that does)
+                handler = ctypes.cast(getattr(lib, target), ctypes.c_void_p).value
+                jax.ffi.register_ffi_target(target, _storage.capsule_new(handler, None, None), platform="cpu")
             _library = lib
             _status = "ok"
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:

@@ -36,7 +36,7 @@ _NO_OP_DELETER = ctypes.cast(_libc.labs, ctypes.c_void_p).value
 _memmove = ctypes.memmove
 # (a prototype of our own: ctypes.pythonapi.PyCapsule_New is one object shared by the
 # process, whose argtypes others set, jax.ffi.pycapsule among them)
-_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
     ("PyCapsule_New", ctypes.pythonapi)
 )
 _from_dlpack = torch._C._from_dlpack
@@ -182,7 +182,7 @@ class Template:
         except AttributeError:
             mem = _new_header()
         _memmove(mem, _fake_address(self.nbytes).to_bytes(8, "little") + self.tail, _HEADER.size)
-        t = _from_dlpack(_capsule_new(mem, b"dltensor", None))
+        t = _from_dlpack(capsule_new(mem, b"dltensor", None))
         if self.view_dtype is not None:
             t = torch.ops.aten.view.dtype(t, self.view_dtype)
         t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index)
