@@ -146,13 +146,8 @@ def _load() -> bool:
     return _status == "ok"
 
 
-def _operands(a, b, trans_a, trans_b):
-    """The products' operands as XLA's dot takes them (the transposes applied)."""
-    return (a.T if trans_a else a), (b.T if trans_b else b)
-
-
 def _xla_dot(a, b, *, trans_a, trans_b):
-    a, b = _operands(a, b, trans_a, trans_b)
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
     return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
 
 
@@ -163,12 +158,13 @@ def _abstract(a, b, *, trans_a, trans_b):
 gemm_p = core.Primitive("torch_jax_gemm")
 gemm_p.def_abstract_eval(_abstract)
 gemm_p.def_impl(_xla_dot)
-mlir.register_lowering(gemm_p, mlir.lower_fun(_xla_dot, multiple_results=False))
+_xla_lowering = mlir.lower_fun(_xla_dot, multiple_results=False)
+mlir.register_lowering(gemm_p, _xla_lowering)
 
 
 def _cpu_lowering(ctx, a, b, *, trans_a, trans_b):
     if not _load():
-        return mlir.lower_fun(_xla_dot, multiple_results=False)(ctx, a, b, trans_a=trans_a, trans_b=trans_b)
+        return _xla_lowering(ctx, a, b, trans_a=trans_a, trans_b=trans_b)
     target = _TARGETS[np.dtype(ctx.avals_in[0].dtype)]
     return jax.ffi.ffi_lowering(target)(ctx, a, b, trans_a=np.int32(trans_a), trans_b=np.int32(trans_b))
 
