@@ -58,8 +58,9 @@ def _rounded(x):
 
 
 def _sgn(x):
-    if jnp.iscomplexobj(x):
-        return jnp.where(x == 0, jnp.zeros_like(x), x / jnp.abs(x).astype(x.dtype))
+    if jnp.iscomplexobj(x):  # (the parts divided by the real |x|, as c10::complex / T does)
+        r = jnp.abs(x)
+        return jnp.where(x == 0, jnp.zeros_like(x), lax.complex(jnp.real(x) / r, jnp.imag(x) / r))
     return _sign(x)
 
 
@@ -112,7 +113,7 @@ unary(aten.sigmoid, jax.nn.sigmoid, INT_TO_FLOAT)
 unary(aten.erf, jax.scipy.special.erf, INT_TO_FLOAT)
 unary(aten.erfc, jax.scipy.special.erfc, INT_TO_FLOAT)
 unary(aten.erfinv, jax.scipy.special.erfinv, INT_TO_FLOAT)
-unary(aten.reciprocal, lambda x: 1 / x, INT_TO_FLOAT)
+unary(aten.reciprocal, lambda x: true_divide(jnp.ones((), x.dtype), x), INT_TO_FLOAT)
 unary(aten.sign, lambda x: x if x.dtype == jnp.bool_ else _sign(x))
 unary(aten.sgn, lambda x: x if x.dtype == jnp.bool_ else _sgn(x))
 unary(aten._conj_physical, lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x)
@@ -193,7 +194,35 @@ def mul(a, b):
     return cast(a * b, out)
 
 
-binary(aten.div, lambda a, b: a / b, INT_TO_FLOAT)
+def true_divide(a, b):
+    """``a / b``; for complex operands the way PyTorch's ``c10::complex`` divides.
+
+    NOTE [Complex division]: PyTorch's CPU (and CUDA) kernels divide complex numbers with
+    numpy's algorithm (Smith's: scale by the larger part of the divisor), which has no
+    special cases for infinities: (inf + inf j) / -1 is nan + nan j, 0 / (inf + inf j) is
+    nan + nan j. XLA's complex division handles infinities and zeros as C99's Annex G
+    does (-inf - inf j, 0), so complex division is written out here, operation for
+    operation as in c10/util/complex.h (torch/headeronly/util/complex.h)."""
+    if not (jnp.iscomplexobj(a) or jnp.iscomplexobj(b)):
+        return a / b
+    dtype = jnp.result_type(a, b)
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+    x, y, c, d = jnp.real(a), jnp.imag(a), jnp.real(b), jnp.imag(b)
+    abs_c, abs_d = jnp.abs(c), jnp.abs(d)
+    rat = d / c  # |c| >= |d|
+    scl = 1 / (c + d * rat)
+    re, im = (x + y * rat) * scl, (y - x * rat) * scl
+    zero = (abs_c == 0) & (abs_d == 0)  # a complex inf or nan
+    re, im = jnp.where(zero, x / abs_c, re), jnp.where(zero, y / abs_d, im)
+    rat2 = c / d  # |c| < |d|
+    scl2 = 1 / (d + c * rat2)
+    first = abs_c >= abs_d
+    re = jnp.where(first, re, (x * rat2 + y) * scl2)
+    im = jnp.where(first, im, (y * rat2 - x) * scl2)
+    return lax.complex(re, im)
+
+
+binary(aten.div, true_divide, INT_TO_FLOAT)
 
 
 def _check_int_divisor(b):
@@ -213,7 +242,7 @@ def _int_divisor(b):
 def div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:
         (a, b), out = promote(a, b, kind=INT_TO_FLOAT)
-        return cast(a / b, out)
+        return cast(true_divide(a, b), out)
     (a, b), out = promote(a, b)
     if rounding_mode == "trunc":
         if jnp.issubdtype(a.dtype, jnp.integer):
