@@ -419,7 +419,14 @@ def addcmul(x, t1, t2, value=1):
 @lower(aten.addcdiv.default)
 def addcdiv(x, t1, t2, value=1):
     (x, t1, t2), out = promote(x, t1, t2)
-    return cast(x + cast(value, x.dtype) * (t1 / t2), out)
+    value = cast(value, x.dtype)
+    if jnp.iscomplexobj(x):  # value * t1 by parts: XLA folds (1 + 0j) * t1 into t1, PyTorch makes 0 * inf a nan
+        value = jnp.asarray(value)
+        vr, vi, tr, ti = jnp.real(value), jnp.imag(value), jnp.real(t1), jnp.imag(t1)
+        t1 = lax.complex(vr * tr - vi * ti, vr * ti + vi * tr)
+    else:
+        t1 = value * t1
+    return cast(x + true_divide(t1, t2), out)  # (in PyTorch's order; NOTE [Complex division])
 
 
 # ---- integer bit manipulation ----
