@@ -108,6 +108,9 @@ def initialize() -> None:
     with _lock:
         if _initialized:
             return
+        from torch_jax.runtime import _host_memory
+
+        _host_memory.keep_freed_blocks(_host_memory.platform())  # NOTE [Host memory of the CPU device]
         register()
         from torch_jax.runtime import _install
 

@@ -1,0 +1,54 @@
+"""NOTE [Host memory of the CPU device]: on the CPU platform, freed device buffers stay in
+the process and the next buffer of their size reuses them without page faults."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_jax.runtime import _host_memory
+
+# a 96 MiB buffer, over what glibc serves from a thread's heap or below its mmap
+# threshold, made and freed six times; the page faults of the cheapest later run
+PROBE = """
+import resource, torch, torch_jax
+from torch_jax.runtime import _host_memory
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    y = torch.full((4096, 6144), 1.5, device="jax")
+    torch.jax.synchronize()
+    del y
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(_host_memory.applied, min(faults[2:]))
+"""
+
+
+def _probe(**env):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **env)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True)
+    applied, faults = out.stdout.split()
+    return applied == "True", int(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
+def test_freed_buffers_are_reused_without_page_faults():
+    applied, faults = _probe()
+    assert applied
+    system_applied, system_faults = _probe(TORCH_JAX_HOST_MEMORY="system")
+    assert not system_applied
+    pages = 4096 * 6144 * 4 // 4096
+    assert system_faults > pages // 2  # glibc maps each new buffer afresh
+    assert faults < pages // 100
+
+
+def test_the_platform_is_told_before_jax_starts(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert _host_memory.platform() == "cpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    assert _host_memory.platform() == "other"
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert _host_memory.platform() == "other"
