@@ -6,8 +6,8 @@ temporaries (one block: 231 MB for the GPT-2-style training step's fused graph) 
 other than the main one with a fresh ``mmap`` (a thread's arena cannot hold it), and
 any block over its mmap threshold (at most 32 MB) the same way, and unmaps it when it is
 freed; so every run of the graph page-faults its whole temporary block in again and the
-kernel zeroes it: 59k page faults and ~100 ms of system time per step, a third of the
-step. A GPU runtime keeps its device memory in a pool (PyTorch's caching allocator,
+kernel zeroes it: 59k page faults and ~100 ms of system time per step (measured with
+another job on the machine); without them the step ran 10-20% faster. A GPU runtime keeps its device memory in a pool (PyTorch's caching allocator,
 XLA's preallocation); the CPU device does the same with glibc's own settings: when the
 JAX platform is the CPU, the device's initialization sets one malloc arena, no ``mmap``
 for large blocks and no trimming of the heap's top below 2 GB, so a freed block is
@@ -38,15 +38,16 @@ applied = False  # whether this process runs with the settings
 def platform() -> str:
     """The platform JAX will choose, told before JAX starts (its thread pools must not
     have allocated yet): ``cpu`` when ``JAX_PLATFORMS`` names only the CPU, or names
-    nothing and no accelerator plugin (a ``jax_plugins`` entry point, libtpu) is
-    installed; otherwise ``other``."""
+    nothing and no accelerator plugin (``jax_plugins``, as an entry point or a package;
+    libtpu) is installed; otherwise ``other``."""
     names = [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
     if names:
         return "cpu" if names == ["cpu"] else "other"
     import importlib.metadata
     import importlib.util
 
-    if importlib.util.find_spec("libtpu") is not None or importlib.metadata.entry_points(group="jax_plugins"):
+    plugins = importlib.metadata.entry_points(group="jax_plugins")
+    if plugins or any(importlib.util.find_spec(m) is not None for m in ("libtpu", "jax_plugins")):
         return "other"
     return "cpu"
 
