@@ -358,12 +358,13 @@ def test_extreme_value_table():
     check_same(to_cpu(xd).to("jax"), x)
 
 
-def test_complex_division_of_edge_values():
+def test_complex_division_and_scaling_of_edge_values():
     """NOTE [Complex division]: PyTorch divides complex numbers with numpy's algorithm, no
     special cases for infinities ((inf + inf j) / -1 is nan + nan j; XLA's own division
     gives -inf - inf j); every pair of these parts, divided both ways, by a wrapped
-    number, and through reciprocal, sgn and addcdiv. (No values whose quotients are subnormal:
-    XLA's CPU backend flushes them to zero.)"""
+    number, and through reciprocal, sgn and addcdiv; and add, sub and addcmul, whose
+    scalar of 1 PyTorch multiplies by as a complex number (NOTE [Complex scaling]). (No
+    values whose quotients are subnormal: XLA's CPU backend flushes them to zero.)"""
     parts = [0.0, -0.0, 1.0, -1.0, 2.5, math.inf, -math.inf, math.nan]
     for dtype in (torch.complex64, torch.complex128):
         z = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=dtype)
@@ -375,3 +376,7 @@ def test_complex_division_of_edge_values():
         both(torch.sgn, z, z.to("jax"))
         both(lambda x, y: x.div_(y), a.clone(), a.clone().to("jax"), b)
         both(lambda x, y: torch.addcdiv(torch.ones_like(x), x, y), a, a.to("jax"), b)  # (1 + 0j) * x first
+        # NOTE [Complex scaling]: alpha and value multiply as complex numbers, 1 too
+        both(torch.add, a, a.to("jax"), b)
+        both(torch.sub, a, a.to("jax"), b)
+        both(lambda x, y: torch.addcmul(torch.ones_like(x), x, y), a, a.to("jax"), b)

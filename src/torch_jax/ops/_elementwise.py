@@ -156,11 +156,26 @@ def round_decimals(x, decimals=0):
 # ---- binary arithmetic ----
 
 
+def scaled(value, t):
+    """``value * t`` for a scalar ``value`` (None: 1) as PyTorch's kernels compute it.
+
+    NOTE [Complex scaling]: PyTorch's add, sub, addcmul and addcdiv multiply by their
+    scalar (``alpha``, ``value``) with a full complex product even when it is 1, so
+    (1 + 0j) * (0 + inf j) is nan + inf j there (0 * inf); XLA folds a product by the
+    constant 1 + 0j away. For complex ``t`` the product is written out by parts."""
+    value = cast(1 if value is None else value, t.dtype)
+    if not jnp.iscomplexobj(t):
+        return value * t
+    value = jnp.asarray(value)
+    vr, vi, tr, ti = jnp.real(value), jnp.imag(value), jnp.real(t), jnp.imag(t)
+    return lax.complex(vr * tr - vi * ti, vr * ti + vi * tr)
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(a, b, alpha=1):
     (a, b), out = promote(a, b)
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1):
-        b = b * cast(alpha, b.dtype) if b.dtype != jnp.bool_ else jnp.logical_and(b, alpha)
+    if jnp.iscomplexobj(b) or (alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1)):
+        b = scaled(alpha, b) if b.dtype != jnp.bool_ else jnp.logical_and(b, alpha)
     return cast(a + b if a.dtype != jnp.bool_ else jnp.logical_or(a, b), out)
 
 
@@ -171,8 +186,8 @@ def sub(a, b, alpha=1):
         # on the CPU, which raises its own message
         raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported.")
     (a, b), out = promote(a, b)
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1):
-        b = b * cast(alpha, b.dtype)
+    if jnp.iscomplexobj(b) or (alpha is not None and not (isinstance(alpha, (int, float)) and alpha == 1)):
+        b = scaled(alpha, b)
     return cast(a - b, out)
 
 
@@ -413,20 +428,14 @@ def lerp(a, b, w):
 @lower(aten.addcmul.default)
 def addcmul(x, t1, t2, value=1):
     (x, t1, t2), out = promote(x, t1, t2)
-    return cast(x + cast(value, x.dtype) * t1 * t2, out)
+    return cast(x + scaled(value, t1) * t2, out)  # (in PyTorch's order; NOTE [Complex scaling])
 
 
 @lower(aten.addcdiv.default)
 def addcdiv(x, t1, t2, value=1):
     (x, t1, t2), out = promote(x, t1, t2)
-    value = cast(value, x.dtype)
-    if jnp.iscomplexobj(x):  # value * t1 by parts: XLA folds (1 + 0j) * t1 into t1, PyTorch makes 0 * inf a nan
-        value = jnp.asarray(value)
-        vr, vi, tr, ti = jnp.real(value), jnp.imag(value), jnp.real(t1), jnp.imag(t1)
-        t1 = lax.complex(vr * tr - vi * ti, vr * ti + vi * tr)
-    else:
-        t1 = value * t1
-    return cast(x + true_divide(t1, t2), out)  # (in PyTorch's order; NOTE [Complex division])
+    # (in PyTorch's order; NOTE [Complex scaling], NOTE [Complex division])
+    return cast(x + true_divide(scaled(value, t1), t2), out)
 
 
 # ---- integer bit manipulation ----
