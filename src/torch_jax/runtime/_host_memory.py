@@ -23,7 +23,6 @@ libraries (musl, macOS) are left alone.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 # mallopt's parameters (glibc's malloc.h)
@@ -58,13 +57,10 @@ def keep_freed_blocks(platform: str) -> bool:
     global applied
     if applied or platform != "cpu" or os.environ.get("TORCH_JAX_HOST_MEMORY", "pool") == "system":
         return applied
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        if not hasattr(libc, "gnu_get_libc_version"):
-            return False
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = ctypes.CDLL(None)  # (the process's symbols, as tensor/_storage loads them)
+    if not hasattr(libc, "gnu_get_libc_version"):
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     applied = all(
