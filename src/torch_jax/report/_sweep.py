@@ -47,8 +47,6 @@ EXCLUDED = {
 
 # (OpInfo name, dtype) -> why that pair is not compared
 EXCLUDED_PAIRS = {
-    ("cov", torch.complex64): "one sample's weights make the normalizer zero: the CPU's complex division gives "
-    "inf+nanj where XLA's gives inf-infj (both non-finite; every other sample matches)",
     ("matrix_exp", torch.bfloat16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
     "coefficient tables as the half type): there is no reference to compare with",
     ("matrix_exp", torch.float16): "PyTorch's CPU kernel returns inf/nan for half types (it reads its double "
