@@ -120,3 +120,30 @@ def test_a_sweep_keeps_the_computations_just_compiled():
     compiles = torch_jax.stats()["compiles"]
     torch.special.erfcx(x)
     assert torch_jax.stats()["compiles"] == compiles
+
+
+def test_strict_ops_compile_with_the_cheaper_cpu_emitters(monkeypatch, strict_mode):
+    """NOTE [Compiling one op]: on the CPU a strict op's computation is compiled with
+    XLA's fusion emitters off (its compile time is mostly their fixed cost); a fused
+    graph keeps XLA's defaults."""
+    import jax
+    import pytest
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("the option is XLA:CPU's")
+    seen = []
+    compile_ = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kwargs):
+        seen.append(compiler_options)
+        return compile_(self, compiler_options, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    x = torch.randn(5, 7, device="jax")
+    torch.special.erfcx(x * 3 + 1)  # (new computations: none of the other tests compiles these)
+    assert seen and all(o == {"xla_cpu_use_fusion_emitters": False} for o in seen)
+    seen.clear()
+    with torch_jax.fused():
+        y = torch.special.erfcx(x * 5 - 2)
+        y.cpu()
+    assert None in seen  # the fused graph
