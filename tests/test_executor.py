@@ -122,15 +122,17 @@ def test_a_sweep_keeps_the_computations_just_compiled():
     assert torch_jax.stats()["compiles"] == compiles
 
 
-def test_strict_ops_compile_with_the_cheaper_cpu_emitters(monkeypatch, strict_mode):
-    """NOTE [Compiling one op]: on the CPU a strict op's computation is compiled with
-    XLA's fusion emitters off (its compile time is mostly their fixed cost); a fused
-    graph keeps XLA's defaults."""
+def test_small_strict_ops_compile_cheaply(monkeypatch, strict_mode):
+    """NOTE [Compiling one op]: on the CPU a strict op's computation over small arrays is
+    compiled with XLA's fusion emitters off and LLVM at level 1 (its compile time is
+    mostly their fixed cost); larger computations and fused graphs keep XLA's defaults."""
     import jax
     import pytest
 
+    from torch_jax.runtime import _executor
+
     if jax.devices()[0].platform != "cpu":
-        pytest.skip("the option is XLA:CPU's")
+        pytest.skip("the options are XLA:CPU's")
     seen = []
     compile_ = jax.stages.Lowered.compile
 
@@ -141,7 +143,15 @@ def test_strict_ops_compile_with_the_cheaper_cpu_emitters(monkeypatch, strict_mo
     monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
     x = torch.randn(5, 7, device="jax")
     torch.special.erfcx(x * 3 + 1)  # (new computations: none of the other tests compiles these)
-    assert seen and all(o == {"xla_cpu_use_fusion_emitters": False} for o in seen)
+    assert seen and all(o is _executor._SMALL_OP_COMPILER_OPTIONS for o in seen)
+    assert _executor._SMALL_OP_COMPILER_OPTIONS == {
+        "xla_cpu_use_fusion_emitters": False,
+        "xla_backend_optimization_level": 1,
+    }
+    seen.clear()
+    big = torch.randn(130, 130, device="jax")  # 16900 elements: above the bound
+    torch.special.erfcx(big * 3 + 1)
+    assert seen and all(o is None for o in seen)
     seen.clear()
     with torch_jax.fused():
         y = torch.special.erfcx(x * 5 - 2)
