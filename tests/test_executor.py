@@ -122,17 +122,19 @@ def test_a_sweep_keeps_the_computations_just_compiled():
     assert torch_jax.stats()["compiles"] == compiles
 
 
-def test_small_strict_ops_compile_cheaply(monkeypatch, strict_mode):
-    """NOTE [Compiling one op]: on the CPU a strict op's computation over small arrays is
-    compiled with XLA's fusion emitters off and LLVM at level 1 (its compile time is
-    mostly their fixed cost); larger computations and fused graphs keep XLA's defaults."""
+def test_small_computations_compile_cheaply(monkeypatch, strict_mode):
+    """NOTE [Cheap compilation of small computations]: on the CPU a strict op's
+    computation or a fused graph over small arrays is compiled with XLA's fusion emitters
+    off and LLVM at level 1 (its compile time is mostly their fixed cost); larger ones
+    keep XLA's defaults."""
     import jax
     import pytest
 
-    from torch_jax.runtime import _executor
+    from torch_jax.runtime import _xla_options
 
     if jax.devices()[0].platform != "cpu":
         pytest.skip("the options are XLA:CPU's")
+    assert _xla_options.SMALL_OPTIONS == {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
     seen = []
     compile_ = jax.stages.Lowered.compile
 
@@ -140,20 +142,20 @@ def test_small_strict_ops_compile_cheaply(monkeypatch, strict_mode):
         seen.append(compiler_options)
         return compile_(self, compiler_options, **kwargs)
 
+    def compiled(fn):
+        seen.clear()
+        fn()
+        assert seen
+        return seen
+
     monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    small = _xla_options.SMALL_OPTIONS
     x = torch.randn(3, 13, device="jax")  # (shapes no other test uses: these compile)
-    torch.special.erfcx(x * 3 + 1)
-    assert seen and all(o is _executor._SMALL_OP_COMPILER_OPTIONS for o in seen)
-    assert _executor._SMALL_OP_COMPILER_OPTIONS == {
-        "xla_cpu_use_fusion_emitters": False,
-        "xla_backend_optimization_level": 1,
-    }
-    seen.clear()
     big = torch.randn(131, 127, device="jax")  # 16637 elements: above the bound
-    torch.special.erfcx(big * 3 + 1)
-    assert seen and all(o is None for o in seen)
-    seen.clear()
+    assert all(o is small for o in compiled(lambda: torch.special.erfcx(x * 3 + 1)))
+    assert all(o is None for o in compiled(lambda: torch.special.erfcx(big * 3 + 1)))
     with torch_jax.fused():
-        y = torch.special.erfcx(x * 5 - 2)
-        y.cpu()
-    assert None in seen  # the fused graph
+        assert compiled(lambda: torch.special.erfcx(x * 5 - 2).cpu()) == [small]
+        # a graph of small inputs and outputs whose ops make a large array
+        assert compiled(lambda: (x.sum() + torch.ones(131, 127, device="jax")).sum().cpu()) == [None]
+        assert compiled(lambda: torch.special.erfcx(big * 5 - 2).cpu()) == [None]

@@ -29,7 +29,7 @@ from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.runtime import _fused, _stats
+from torch_jax.runtime import _fused, _stats, _xla_options
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
@@ -759,36 +759,12 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     return entry
 
 
-# NOTE [Compiling one op]: XLA:CPU compiles a strict op's computation in 30-45 ms, nearly
-# all of it fixed cost (LLVM's code generation, and the MLIR fusion emitters, which set
-# up a pool of compiler instances per compilation), whatever the op. A computation over
-# small arrays (none above 2^14 elements) runs in microseconds however it is compiled,
-# so it is compiled cheaply: with the fusion emitters off (XLA:CPU's older LLVM emitters
-# emit the same fusions) and LLVM at optimization level 1. Measured on 100 small
-# elementwise, reduction and slicing computations: 36.0 ms each with XLA's defaults,
-# 28.5 with the emitters off, 20.1 with both; 673 float32 OpInfo tests ran in 187
-# against 271 s with the emitters off alone. Both settings gave the same bits as XLA's
-# defaults for exp, log, tanh, sin, erf, gelu, pow, division, reductions, softmax,
-# cumsum, sorts and conversions in float32 and float64 (200k inputs, special values
-# included); complex multiplication differs in the last bit (one emitter contracts it
-# into fused multiply-adds). Larger computations keep XLA's defaults: with the emitters
-# off a 1024x2048 transpose took 7.5 against 1.0-1.4 ms, argmax 2x as long, from about
-# 256x256 on (at 128x128 and below the times were the same within the calls' overhead).
-# Fused graphs keep the defaults too (the GPT-2 step ran 3-8% faster with them).
-_SMALL_OP_ELEMENTS = 1 << 14
-_SMALL_OP_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
-
-
 def _compile_op(jitted, dyn, index: int):
-    """The executable of one op's computation (NOTE [Compiling one op])."""
+    """The executable of one op's computation (NOTE [Cheap compilation of small
+    computations] in runtime/_xla_options)."""
     lowered = jitted.lower(*dyn)
-    options = None
-    if _devices.device(max(index, 0)).platform == "cpu":
-        sizes = [math.prod(getattr(v, "shape", ())) for v in dyn]
-        sizes += [math.prod(o.shape) for o in jax.tree.leaves(lowered.out_info)]
-        if max(sizes, default=0) <= _SMALL_OP_ELEMENTS:
-            options = _SMALL_OP_COMPILER_OPTIONS
-    return lowered.compile(compiler_options=options)
+    shapes = [getattr(v, "shape", ()) for v in dyn] + [o.shape for o in jax.tree.leaves(lowered.out_info)]
+    return lowered.compile(compiler_options=_xla_options.compile_options(index, shapes))
 
 
 class _Counting:

@@ -41,7 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _cpu_blas, _stats
+from torch_jax.runtime import _cpu_blas, _stats, _xla_options
 from torch_jax.tensor._storage import Pending
 
 _counters = _stats.counters
@@ -166,7 +166,10 @@ def _run(g: _Graph, reason: str) -> None:
             donate_argnums=donated,
         )
         with _cpu_blas.in_graph():
-            fn = fn.lower(*g.inputs).compile()
+            lowered = fn.lower(*g.inputs)
+        # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
+        shapes = [getattr(v, "shape", ()) for v in g.inputs] + [a.shape for e, _ in nodes for a in e.out_avals]
+        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, shapes))
         if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
             for k in list(_compiled)[: len(_compiled) // 2]:
                 del _compiled[k]
