@@ -763,8 +763,8 @@ def _compile_op(jitted, dyn, index: int):
     """The executable of one op's computation (NOTE [Cheap compilation of small
     computations] in runtime/_xla_options)."""
     lowered = jitted.lower(*dyn)
-    shapes = [getattr(v, "shape", ()) for v in dyn] + [o.shape for o in jax.tree.leaves(lowered.out_info)]
-    return lowered.compile(compiler_options=_xla_options.compile_options(index, shapes))
+    outs = [o.shape for o in jax.tree.leaves(lowered.out_info)]
+    return lowered.compile(compiler_options=_xla_options.compile_options(index, dyn, outs))
 
 
 class _Counting:

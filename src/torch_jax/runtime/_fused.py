@@ -168,8 +168,8 @@ def _run(g: _Graph, reason: str) -> None:
         with _cpu_blas.in_graph():
             lowered = fn.lower(*g.inputs)
         # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
-        shapes = [getattr(v, "shape", ()) for v in g.inputs] + [a.shape for e, _ in nodes for a in e.out_avals]
-        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, shapes))
+        made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
+        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made))
         if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
             for k in list(_compiled)[: len(_compiled) // 2]:
                 del _compiled[k]

@@ -30,11 +30,11 @@ SMALL_ELEMENTS = 1 << 14
 SMALL_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
-def compile_options(index: int, shapes) -> dict | None:
-    """The compiler options of a computation on jax:index whose arrays have these shapes
+def compile_options(index: int, inputs, shapes) -> dict | None:
+    """The compiler options of a computation on jax:index with these inputs (arrays or
+    Python scalars) whose other arrays (outputs, a graph's op results) have these shapes
     (None: XLA's defaults)."""
-    if _devices.device(max(index, 0)).platform != "cpu":
+    if _devices.device(index).platform != "cpu":
         return None
-    if max((math.prod(s) for s in shapes), default=0) <= SMALL_ELEMENTS:
-        return SMALL_OPTIONS
-    return None
+    sizes = [math.prod(getattr(v, "shape", ())) for v in inputs] + [math.prod(s) for s in shapes]
+    return SMALL_OPTIONS if max(sizes, default=0) <= SMALL_ELEMENTS else None
