@@ -185,3 +185,21 @@ def test_contiguous_whole_storage_takes_fast_path():
     assert desc[0] != "v", desc
     desc, _ = _executor._describe(x.t(), [], -1)
     assert desc[0] == "v"
+
+
+@pytest.mark.parametrize(
+    "size, stride, offset",
+    [((4, 6), (6, 1), 1), ((5, 5), (1, 5), 0), ((2, 2), (6, 1), 19), ((0, 9), (100, 100), 3), ((), (), 23)],
+)
+def test_as_strided_bounds_as_on_cpu(size, stride, offset):
+    """as_strided past the end of the storage raises the CPU's error; a view that fits
+    (an empty one anywhere) does not."""
+    cpu = base("cpu")
+    try:
+        expected = cpu.as_strided(size, stride, offset)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match="out of bounds for storage") as got:
+            base("jax").as_strided(size, stride, offset)
+        assert str(got.value) == str(e)
+        return
+    assert_same(base("jax").as_strided(size, stride, offset), expected)
