@@ -33,7 +33,6 @@ from torch_jax.tensor import _dtypes
 
 _libc = ctypes.CDLL(None)
 _NO_OP_DELETER = ctypes.cast(_libc.labs, ctypes.c_void_p).value
-_memmove = ctypes.memmove
 # (a prototype of our own: ctypes.pythonapi.PyCapsule_New is one object shared by the
 # process, whose argtypes others set, jax.ffi.pycapsule among them)
 capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
@@ -178,26 +177,44 @@ class Template:
     def tensor(self, arr=None) -> torch.Tensor:
         """A new tensor over a new storage whose box holds ``arr``."""
         try:
-            mem = _headers.addr
+            header = _headers.header
         except AttributeError:
-            mem = _new_header()
-        _memmove(mem, _fake_address(self.nbytes).to_bytes(8, "little") + self.tail, _HEADER.size)
-        t = _from_dlpack(capsule_new(mem, b"dltensor", None))
+            header = _new_header()
+        if header.template is not self:  # (the header still holds this template's fields)
+            header.view[8:] = self.tail
+            header.template = self
+        _pack_address(header.view, 0, _fake_address(self.nbytes))
+        t = _from_dlpack(capsule_new(header.addr, b"dltensor", None))
         if self.view_dtype is not None:
             t = torch.ops.aten.view.dtype(t, self.view_dtype)
         t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index)
         return t
 
 
+class _Header:
+    """One thread's capsule header: its memory (``buf``, written through ``view``), its
+    address and the template whose fields it holds; a new tensor of the template written
+    last rewrites only the data pointer."""
+
+    __slots__ = ("buf", "view", "addr", "template")
+
+    def __init__(self):
+        self.buf = ctypes.create_string_buffer(_HEADER.size)
+        self.view = memoryview(self.buf).cast("B")
+        self.addr = ctypes.addressof(self.buf)
+        self.template = None
+
+
 _headers = threading.local()
 _all_headers: list = []  # never freed: PyTorch reads a header's deleter when its storage dies
+_pack_address = struct.Struct("<Q").pack_into
 
 
-def _new_header() -> int:
-    buf = ctypes.create_string_buffer(_HEADER.size)
-    _all_headers.append(buf)
-    _headers.addr = ctypes.addressof(buf)
-    return _headers.addr
+def _new_header() -> _Header:
+    header = _Header()
+    _all_headers.append(header)
+    _headers.header = header
+    return header
 
 
 _templates: dict = {}
