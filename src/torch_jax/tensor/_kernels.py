@@ -38,23 +38,15 @@ _as_strided_meta = aten.as_strided.default._handle.redispatch_boxed
 
 
 def as_strided(self, size, stride, storage_offset=None):
-    # the Meta kernel does not check the view against the storage (it has no data); the
-    # check is inlined (t(), transpose, expand, permute all end here, several per layer)
+    # the Meta kernel does not check the view against the storage (it has no data)
     offset = self.storage_offset() if storage_offset is None else storage_offset
-    last = offset
-    for n, s in zip(size, stride):
-        if n == 0:
-            break
-        last += (n - 1) * s
-    else:
-        needed = (last + 1) * self.element_size()
-        nbytes = self.untyped_storage().nbytes()
-        if needed > nbytes:
-            raise RuntimeError(
-                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
-                f"{self.element_size()} requiring a storage size of {needed} are out of bounds for storage of "
-                f"size {nbytes}"
-            )
+    needed = _storage.storage_numel(size, stride, offset) * self.element_size()
+    nbytes = self.untyped_storage().nbytes()
+    if needed > nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{self.element_size()} requiring a storage size of {needed} are out of bounds for storage of size {nbytes}"
+        )
     return _as_strided_meta(META, self, size, stride, storage_offset)
 
 

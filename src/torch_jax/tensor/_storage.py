@@ -254,9 +254,12 @@ def dense_perm(size, stride):
 
 def storage_numel(size, stride, offset: int = 0) -> int:
     """Elements a storage needs to hold a tensor of this size/stride/offset."""
-    if any(s == 0 for s in size):
-        return 0
-    return offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    last = offset  # (a plain loop: every as_strided, so every t() and transpose, asks)
+    for n, s in zip(size, stride):
+        if n == 0:
+            return 0
+        last += (n - 1) * s
+    return last + 1
 
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
