@@ -14,7 +14,11 @@ from torch_jax.runtime import _host_memory
 # a 96 MiB buffer, over what glibc serves from a thread's heap or below its mmap
 # threshold, made and freed six times; the page faults of the cheapest later run
 PROBE = """
-import resource, torch, torch_jax
+import os, resource
+if os.environ.get("PROBE_JAX_FIRST"):  # the program starts JAX itself before the device
+    import jax.numpy as jnp
+    jnp.ones(3).block_until_ready()
+import torch, torch_jax
 from torch_jax.runtime import _host_memory
 faults = []
 for _ in range(6):
@@ -52,3 +56,13 @@ def test_the_platform_is_told_before_jax_starts(monkeypatch):
     assert _host_memory.platform() == "other"
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
     assert _host_memory.platform() == "other"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (Linux)")
+def test_settings_are_not_applied_after_jax_started():
+    # XLA's threads then have arenas of their own, which serve large blocks with mmap
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PROBE_JAX_FIRST="1", TORCH_JAX_DEBUG="1")
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True)
+    assert "JAX started before the jax device" in out.stdout
+    result = [line.split() for line in out.stdout.splitlines() if not line.startswith("[torch_jax]")]
+    assert result[0][0] == "False"

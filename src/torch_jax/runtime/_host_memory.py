@@ -13,6 +13,15 @@ JAX platform is the CPU, the device's initialization sets one malloc arena, no `
 for large blocks and no trimming of the heap's top below 2 GB, so a freed block is
 reused by the next allocation of its size without faults (0 per step, measured).
 
+The settings must come before JAX starts its CPU client: a thread that has allocated
+keeps its own arena for life, and glibc serves a large block on such a thread with a
+fresh ``mmap`` whatever ``M_MMAP_MAX`` says (its heap cannot grow past 64 MB). When a
+program started JAX itself before its first use of the device (``jax.devices()``, a
+``jax.numpy`` op), XLA's threads already have their arenas: with the settings applied
+then, a 96 MB buffer still faulted 24k pages each time it was made (measured), so they are
+not applied (``applied`` stays false; ``TORCH_JAX_DEBUG=1`` says why). Using the device
+(or calling ``torch_jax.initialize()``) before JAX keeps the pool.
+
 This is process-wide, as ``MALLOC_ARENA_MAX`` and friends would be: PyTorch's own CPU
 tensors are served the same way (its eager steps fault less too), and the process's
 resident memory stays at its high-water mark instead of shrinking after a peak.
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 # mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -51,12 +61,27 @@ def platform() -> str:
     return "cpu"
 
 
+def jax_started() -> bool:
+    """Whether JAX's backends (and so XLA's threads) exist already."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is not None and bridge.backends_are_initialized()
+
+
 def keep_freed_blocks(platform: str) -> bool:
-    """Apply the settings (once) if the platform is the CPU and the C library is glibc;
-    returns whether they are in effect."""
+    """Apply the settings (once) if the platform is the CPU, JAX has not started and the
+    C library is glibc; returns whether they are in effect."""
     global applied
     if applied or platform != "cpu" or os.environ.get("TORCH_JAX_HOST_MEMORY", "pool") == "system":
         return applied
+    if jax_started():
+        from torch_jax._config import config
+
+        if config.debug >= 1:
+            print(
+                "[torch_jax] JAX started before the jax device: freed host buffers are not kept "
+                "for reuse (NOTE [Host memory of the CPU device] in torch_jax/runtime/_host_memory)"
+            )
+        return False
     libc = ctypes.CDLL(None)  # (the process's symbols, as tensor/_storage loads them)
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
