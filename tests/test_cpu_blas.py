@@ -20,7 +20,31 @@ import pytest
 import torch
 
 import torch_jax
+from torch_jax._config import _intel_cpu
 from torch_jax.runtime import _cpu_blas
+
+
+@pytest.fixture(autouse=True)
+def _blas_on():
+    """The BLAS call is tested on every CPU, whatever its vendor's default."""
+    before = torch_jax.config.cpu_blas
+    torch_jax.config.cpu_blas = True
+    yield
+    torch_jax.config.cpu_blas = before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
+def test_the_default_is_the_blas_call_on_intel_cpus_only():
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_JAX_CPU_BLAS"}
+    script = "import torch_jax; print(torch_jax.config.cpu_blas)"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == str(_intel_cpu())
+    with open("/proc/cpuinfo") as f:
+        vendors = {line.split(":")[1].strip() for line in f if line.startswith("vendor_id")}
+    assert _intel_cpu() == (vendors == {"GenuineIntel"})
+    env["TORCH_JAX_CPU_BLAS"] = "1"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "True"
 
 
 def test_the_handler_builds_where_a_compiler_and_mkl_are():
@@ -142,7 +166,7 @@ def test_without_a_compiler_products_use_xla(tmp_path):
         print(_cpu_blas.status())
         """
     )
-    env = dict(os.environ, CXX="/bin/false", TORCH_JAX_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, CXX="/bin/false", TORCH_JAX_CACHE_DIR=str(tmp_path), TORCH_JAX_CPU_BLAS="1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "building the BLAS handler failed" in done.stdout

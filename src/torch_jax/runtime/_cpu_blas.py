@@ -1,8 +1,8 @@
 """2-D matrix products on XLA:CPU through the BLAS that PyTorch's CPU build ships.
 
-NOTE [Matrix products through PyTorch's BLAS]: XLA:CPU's own matrix kernels run
-1.15-1.35x slower than MKL, which PyTorch's x86 CPU build links and exports (measured on a
-2-core AVX-512 Xeon, a chain of products inside one XLA computation, per product:
+NOTE [Matrix products through PyTorch's BLAS]: on Intel's CPUs XLA:CPU's own matrix
+kernels run 1.15-1.35x slower than MKL, which PyTorch's x86 CPU build links and exports
+(measured on a 2-core AVX-512 Xeon, a chain of products inside one XLA computation, per product:
 128x512 @ 512x512 301-319 us against PyTorch's 255-264; 1024x256 @ 256x256 611-654 against
 471-495; 1024^3 8.4 against 7.1-7.2 ms). So on the CPU a float32 or float64 2-D product is
 an XLA custom call (the typed FFI) whose handler calls that BLAS's ``sgemm_``/``dgemm_``
@@ -24,6 +24,16 @@ besides products. In one process, alternating with XLA's dot (two runs): the fus
 step 273.0 -> 260.8 and 299.0 -> 289.7 ms (PyTorch's 280.4 and 302.8), the 512x512 product
 chain 1.14 -> 1.11 and 1.22 -> 1.18 ms, the MLP step the same within noise.
 
+Only on Intel's CPUs, by default: MKL runs slower kernels on other vendors' x86 CPUs,
+where XLA's dot (YNNPACK) is the faster one. On a 2-core AMD EPYC with AVX-512 (Zen 5,
+2026-12-03), the GPT-2 step's three LM-head products (1024x256 @ 256x8192 and its two
+gradients) took 51-54 ms in one XLA computation with XLA's dot, 78-83 ms through the BLAS
+call and 72-79 ms in PyTorch; the benchmark suite's fused GPT-2 step 223 and 230 ms with
+XLA's dot against 311 and 333 ms with the BLAS call (PyTorch 301-404 ms in the same runs),
+the MLP step 3.30 and 3.78 against 6.04 and 5.18 ms (PyTorch 3.25-4.02 ms). On a 2-core
+AMD EPYC with AVX2 only (2026-12-02) the two flipped between runs. ``config.cpu_blas``
+(``TORCH_JAX_CPU_BLAS=1`` or ``0``) overrides the vendor's default.
+
 The handler (``csrc/cpu_gemm.cc``) is compiled with the machine's C++ compiler against
 jaxlib's FFI headers the first time a product is compiled, into a cache directory
 (``$TORCH_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_jax`` or ``~/.cache/torch_jax``),
@@ -31,9 +41,8 @@ keyed by the source and jaxlib's version. Without a compiler or without the BLAS
 (a torch build without MKL), products use XLA's dot; ``status()`` says which and why.
 Batched products stay on XLA's dot (it is faster than a loop of BLAS calls on
 attention-sized batches), and so do other dtypes, empty products and products past the
-BLAS's 32-bit sizes. ``config.cpu_blas`` (``TORCH_JAX_CPU_BLAS=0``) turns it off; it is
-read when a product is compiled (it is part of a fused graph's cache key; an op that strict
-mode compiled before keeps its choice).
+BLAS's 32-bit sizes. ``config.cpu_blas`` is read when a product is compiled (it is part
+of a fused graph's cache key; an op that strict mode compiled before keeps its choice).
 """
 
 from __future__ import annotations
