@@ -34,6 +34,7 @@ import torch
 
 import torch_jax
 from benchmarks.workloads import WORKLOADS
+from torch_jax._config import cpuinfo
 
 VARIANTS = {
     "cpu": "PyTorch CPU eager",
@@ -41,17 +42,6 @@ VARIANTS = {
     "strict": "jax strict eager",
     "fused": "jax fused eager",
 }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _machine(meta: dict) -> str:
@@ -374,7 +364,7 @@ def main(argv=None) -> dict:
             "jax": jax.__version__,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpuinfo("model name") or platform.processor() or platform.machine(),
             "jax_device": str(jax.devices()[0].device_kind),
             "cpu_blas": torch_jax.config.cpu_blas,
             "repeats": repeats,

@@ -30,17 +30,22 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"TORCH_JAX_{name}={raw!r}: expected an integer") from None
 
 
-def _intel_cpu() -> bool:
-    """Whether the CPU is Intel's (``vendor_id`` in ``/proc/cpuinfo``): the default of
-    ``cpu_blas`` (NOTE [Matrix products through PyTorch's BLAS] in runtime/_cpu_blas)."""
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's ``field`` in Linux's ``/proc/cpuinfo`` (None elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip() == "GenuineIntel"
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return False
+    return None
+
+
+def _intel_cpu() -> bool:
+    """Whether the CPU is Intel's: the default of ``cpu_blas`` (NOTE [Matrix products
+    through PyTorch's BLAS] in runtime/_cpu_blas)."""
+    return cpuinfo("vendor_id") == "GenuineIntel"
 
 
 @dataclasses.dataclass

@@ -76,15 +76,6 @@ def keep_freed_blocks(platform: str) -> bool:
     global applied
     if applied or platform != "cpu" or os.environ.get("TORCH_JAX_HOST_MEMORY", "pool") == "system":
         return applied
-    if jax_started():
-        from torch_jax._config import config
-
-        if config.debug >= 1:
-            print(
-                "[torch_jax] JAX started before the jax device: large buffers that XLA's worker "
-                "threads allocate are not kept for reuse (NOTE [Host memory of the CPU device] in "
-                "torch_jax/runtime/_host_memory)"
-            )
     libc = ctypes.CDLL(None)  # (the process's symbols, as tensor/_storage loads them)
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
@@ -95,4 +86,13 @@ def keep_freed_blocks(platform: str) -> bool:
         mallopt(param, value) == 1
         for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_ABOVE))
     )
+    if applied and jax_started():
+        from torch_jax._config import config
+
+        if config.debug >= 1:
+            print(
+                "[torch_jax] JAX started before the jax device: large buffers that XLA's worker "
+                "threads allocate are not kept for reuse (NOTE [Host memory of the CPU device] in "
+                "torch_jax/runtime/_host_memory)"
+            )
     return applied
