@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 
 import numpy as np
@@ -111,6 +112,7 @@ def _xla_threefry_impl():
     """JAX's "rbg" key (uint32[4]; seed, split and fold_in as JAX has them) whose bits come
     from RngBitGenerator with the Threefry algorithm named (rbg's default algorithm is the
     backend's choice: Philox on this CPU, slower than Threefry)."""
+    import jax
     import jax.extend.random as jex
     from jax import lax
 
@@ -118,10 +120,24 @@ def _xla_threefry_impl():
     widths = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
     def random_bits(key, bit_width, shape):
-        _, bits = lax.rng_bit_generator(
-            key, shape, dtype=widths[bit_width], algorithm=lax.RandomAlgorithm.RNG_THREE_FRY
+        # NOTE [Narrow random bits from 64-bit words]: XLA:CPU's RngBitGenerator costs
+        # about the same per element for 32-bit as for 64-bit outputs (each Threefry block
+        # yields two 32-bit words), so narrower bits are drawn as 64-bit words and split.
+        # Measured alternating in one process (2-core AMD EPYC): 4M 32-bit words 6.5 ->
+        # 3.6 ms, `rand` of 1M float32 1.73 -> 0.97 ms; dropout (its mask fused with the
+        # multiply) and `randn` (bound by erfinv) unchanged.
+        count = math.prod(shape)
+        per_word = 64 // bit_width if jax.config.jax_enable_x64 else 1
+        if per_word == 1:  # (64-bit draws, or no 64-bit types: torch_jax turns them on)
+            _, bits = lax.rng_bit_generator(
+                key, shape, dtype=widths[bit_width], algorithm=lax.RandomAlgorithm.RNG_THREE_FRY
+            )
+            return bits
+        _, words = lax.rng_bit_generator(
+            key, (-(-count // per_word),), dtype=np.uint64, algorithm=lax.RandomAlgorithm.RNG_THREE_FRY
         )
-        return bits
+        bits = lax.bitcast_convert_type(words, widths[bit_width]).reshape(-1)
+        return (bits if bits.shape[0] == count else bits[:count]).reshape(shape)
 
     return jex.define_prng_impl(
         key_shape=rbg.key_shape,
