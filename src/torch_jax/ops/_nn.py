@@ -430,8 +430,13 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
             s = jnp.where(bias, s, -jnp.inf)
         else:
             s = s + opmath(bias)
-    lse = jax.nn.logsumexp(s, axis=-1)
-    p = jnp.exp(s - lse[..., None])
+    # softmax as PyTorch's math path takes it (_safe_softmax): a row masked everywhere
+    # attends to nothing (zeros, and zero gradients) instead of giving NaN
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    lse = (jnp.log(total) + jnp.where(jnp.isfinite(m), m, 0))[..., 0]
+    p = e / jnp.where(total == 0, 1, total)
     if dropout_p > 0:
         keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
@@ -456,7 +461,9 @@ def _key_from_words(seed, offset):
 def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
     out, lse = _sdpa_forward(q, k, v, attn_bias, dropout_p, is_causal, scale, _context.rng_key())
     seed, offset = _philox_words(_context.current().rng)
-    return out, lse, None, None, None, None, seed, offset, None
+    # the logsumexp as PyTorch's meta function has it: float32, (B, H, L) (B = 1 for 3-D)
+    lse = lse.astype(jnp.float32).reshape((-1, *lse.shape[-2:]))
+    return out, lse, None, None, q.shape[-2], k.shape[-2], seed, offset, None
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)

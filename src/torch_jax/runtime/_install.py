@@ -211,6 +211,9 @@ def install():
             _register(op, kernel, "kernel")
         for op, kernel in _redirects.kernels() + _dynamic.kernels():
             _register(op, _below_autocast(kernel), "kernel")
+        for op, kernel in _redirects.autograd_kernels():
+            _lib.impl(op, kernel, "AutogradPrivateUse1")
+            REGISTERED[op] = "autograd kernel"
         for op, lowering in LOWERINGS.items():
             spec = _executor.OpSpec(op, lowering, inplace=False)
             _executor.SPECS[op] = spec

@@ -75,9 +75,61 @@ def batch_norm_update_stats(input, running_mean, running_var, momentum):
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
-    """scaled_dot_product_attention asks the device which kernel to use: ours
-    (_scaled_dot_product_fused_attention_overrideable, one fused XLA computation)."""
+    """The op that names a device's attention kernel: ours
+    (_scaled_dot_product_fused_attention_overrideable, one fused XLA computation).
+    ``scaled_dot_product_attention`` itself does not ask it on a Python backend (NOTE
+    [Attention in one op])."""
     return SDPBackend.OVERRIDEABLE.value
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
+    """NOTE [Attention in one op]: ``scaled_dot_product_attention`` is a composite op whose
+    backend choice is a C++ dispatch stub that a Python backend cannot register, so on
+    ``jax`` it always took the math path: about 25 ops (two batched products, softmax,
+    masks, dropout) per call and as many backward. This kernel, registered for the
+    device's autograd key (where it replaces the composite), sends the common cases to
+    ``_scaled_dot_product_fused_attention_overrideable`` instead, one lowered op with its
+    own backward, as PyTorch's backends for other devices do; the rest (grouped-query
+    heads, broadcast batches, 2-D inputs, a mask with is_causal, the OVERRIDEABLE backend switched off
+    by ``sdpa_kernel``) runs the composite as before, which raises PyTorch's errors.
+    Like CUDA's fused kernels, the op has no double backward."""
+    if _overrideable_fits(query, key, value, attn_mask, dropout_p, is_causal):
+        return aten._scaled_dot_product_fused_attention_overrideable(
+            query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale
+        )[0]
+    return aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+def _overrideable_fits(q, k, v, mask, dropout_p, is_causal) -> bool:
+    if not torch._C._get_overrideable_sdp_enabled() or not 0.0 <= dropout_p < 1.0:
+        return False
+    tensors = (q, k, v) if mask is None else (q, k, v, mask)
+    if any(t.device.type != "jax" or t.is_nested for t in tensors) or not (q.device == k.device == v.device):
+        return False
+    if not (q.dtype == k.dtype == v.dtype and q.is_floating_point()) or not (
+        q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)
+    ):
+        return False
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        return False
+    if mask is None:
+        return True
+    if mask.device != q.device or mask.dtype not in (torch.bool, q.dtype):
+        return False
+    scores = (*q.shape[:-1], k.shape[-2])
+    try:
+        return torch.broadcast_shapes(mask.shape, scores) == scores
+    except RuntimeError:
+        return False
+
+
+def autograd_kernels():
+    """Kernels for the device's autograd key (they replace a composite op's decomposition)."""
+    return [(aten.scaled_dot_product_attention.default, scaled_dot_product_attention)]
 
 
 def kernels():
