@@ -35,6 +35,7 @@ import threading
 import weakref
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src.array import ArrayImpl as _ArrayImpl  # (checked before isinstance(v, jax.Array), which is slower)
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -152,16 +153,16 @@ def _run(g: _Graph, reason: str) -> None:
         rank = {i: n for n, i in enumerate(donated)}
         last = len(rank)
         alive.sort(key=lambda p: rank.get(p.replaced, last))
-    wanted = tuple((p.node, p.out) for p in alive) + tuple(checks)
+    wanted = tuple((p.node, p.out) for p in alive)
     # (each entry's key fixes its inputs' shapes, dtypes and kinds)
-    key = (g.index, nodes, wanted, donated, config.cpu_blas)
+    key = (g.index, nodes, wanted, tuple(checks), donated, config.cpu_blas)
     fn = _compiled.get(key)
     if fn is None:
         _counters["graphs_compiled"] += 1
         if config.debug >= 1:
             print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
         fn = jax.jit(
-            _replay(nodes, wanted),
+            _replay(nodes, wanted, checks),
             out_shardings=_devices.sharding(g.index),
             donate_argnums=donated,
         )
@@ -181,7 +182,6 @@ def _run(g: _Graph, reason: str) -> None:
     for p, r in zip(alive, results):
         p.value = r
     _devices.last[g.index] = results
-    flags = iter(results[len(alive) :])
     materializations[reason] += 1
     _counters["graphs_run"] += 1
     _counters["graph_ops"] += len(nodes)
@@ -190,9 +190,8 @@ def _run(g: _Graph, reason: str) -> None:
     if config.launch_blocking:
         jax.block_until_ready(results)
     earlier = len(_deferred)  # (checks of the graphs before this one, which is dispatched now)
-    for n in g.checked:
-        entry = nodes[n][0]
-        _deferred.append((entry.checks, [next(flags) for _ in entry.checks]))
+    if checks:
+        _deferred.append(([c for n in g.checked for c in nodes[n][0].checks], results[-1]))
     check_deferred(None if reason not in _ASYNC else earlier)
 
 
@@ -227,20 +226,25 @@ def _donatable(inputs, alive) -> tuple:
     return tuple(donated)
 
 
-def _replay(nodes, wanted):
+def _replay(nodes, wanted, checks):
+    """The graph's function: its wanted results, then (if any op checks values) one
+    array of all its checks' flags, read with one transfer (NOTE [Deferred value checks])."""
+
     def graph(*inputs):
         env = {}
         for n, (entry, refs) in enumerate(nodes):
             args = [inputs[r] if r.__class__ is int else env[r] for r in refs]
             for k, o in enumerate(entry.traced(*args)):
                 env[(n, k)] = o
-        return tuple(env[w] for w in wanted)
+        outs = tuple(env[w] for w in wanted)
+        return outs + (jnp.stack([env[c] for c in checks]),) if checks else outs
 
     return graph
 
 
-# NOTE [Deferred value checks]: a graph's value checks (an index out of range) are
-# outputs of the graph, and reading them waits for the graph. A step marker or the size
+# NOTE [Deferred value checks]: a graph's value checks (an index out of range) are one
+# output of the graph, each check's (failed, value) pair stacked (one host transfer per
+# graph: GPT-2 generation has 10 per token), and reading them waits for the graph. A step marker or the size
 # cap only dispatches its graph and leaves the checks here; the next graph run reads
 # them (after dispatching its own graph), and so does everything that waits anyway (a
 # host transfer, synchronize, data-dependent shapes, the CPU fallback), raising the first
@@ -260,8 +264,10 @@ def check_deferred(count: int | None = None) -> None:
 
 
 def raise_failed_checks(checks, flags):
-    for (exc_type, message), flag in zip(checks, flags):
-        bad, value = np.asarray(flag).tolist()
+    """``flags``: each check's (failed, value) pair, as arrays (strict mode) or one
+    stacked array (a fused graph's)."""
+    rows = np.asarray(flags).tolist() if isinstance(flags, jax.Array) else [np.asarray(f).tolist() for f in flags]
+    for (exc_type, message), (bad, value) in zip(checks, rows):
         if bad:
             raise exc_type(message.format(value=value))
 
