@@ -244,13 +244,14 @@ def _replay(nodes, wanted, checks):
 
 # NOTE [Deferred value checks]: a graph's value checks (an index out of range) are one
 # output of the graph, each check's (failed, value) pair stacked (one host transfer per
-# graph: GPT-2 generation has 10 per token), and reading them waits for the graph. A step marker or the size
-# cap only dispatches its graph and leaves the checks here; the next graph run reads
-# them (after dispatching its own graph), and so does everything that waits anyway (a
-# host transfer, synchronize, data-dependent shapes, the CPU fallback), raising the first
-# error in program order. So the device runs a training step while Python records the
-# next one, and an error in step N surfaces at the marker of step N + 1 or at the first
-# wait before it, as CUDA's device-side asserts surface at a later call.
+# graph: GPT-2 generation has 10 checks per token), and reading them waits for the
+# graph. A step marker or the size cap only dispatches its graph and leaves the checks
+# here; the next graph run reads them (after dispatching its own graph), and so does
+# everything that waits anyway (a host transfer, synchronize, data-dependent shapes,
+# the CPU fallback), raising the first error in program order. So the device runs a
+# training step while Python records the next one, and an error in step N surfaces at
+# the marker of step N + 1 or at the first wait before it, as CUDA's device-side
+# asserts surface at a later call.
 _ASYNC = frozenset({"step marker", "optimizer step", "size cap"})
 _deferred: list = []  # (checks, flags) of graphs run, in order
 

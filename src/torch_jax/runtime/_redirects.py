@@ -87,14 +87,15 @@ def scaled_dot_product_attention(
 ):
     """NOTE [Attention in one op]: ``scaled_dot_product_attention`` is a composite op whose
     backend choice is a C++ dispatch stub that a Python backend cannot register, so on
-    ``jax`` it always took the math path: about 25 ops (two batched products, softmax,
-    masks, dropout) per call and as many backward. This kernel, registered for the
+    ``jax`` it always took the math path: about 8 ops per call (two batched products,
+    softmax, masks, dropout), 27 with the backward. This kernel, registered for the
     device's autograd key (where it replaces the composite), sends the common cases to
     ``_scaled_dot_product_fused_attention_overrideable`` instead, one lowered op with its
-    own backward, as PyTorch's backends for other devices do; the rest (grouped-query
-    heads, broadcast batches, 2-D inputs, a mask with is_causal, the OVERRIDEABLE backend switched off
-    by ``sdpa_kernel``) runs the composite as before, which raises PyTorch's errors.
-    Like CUDA's fused kernels, the op has no double backward."""
+    own backward, as PyTorch's backends for other devices do. A mask with ``is_causal``
+    applies both, as PyTorch's CPU kernel does (its math path raises). The rest
+    (grouped-query heads, broadcast batches, 2-D inputs, the OVERRIDEABLE backend
+    switched off by ``sdpa_kernel``) runs the composite as before, which also raises
+    PyTorch's errors. Like CUDA's fused kernels, the op has no double backward."""
     if _overrideable_fits(query, key, value, attn_mask, dropout_p, is_causal):
         return aten._scaled_dot_product_fused_attention_overrideable(
             query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale
