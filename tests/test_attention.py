@@ -173,3 +173,12 @@ def test_errors_match_cpu(case):
     with pytest.raises(RuntimeError) as jax_error:
         F.scaled_dot_product_attention(q.to("jax"), k.to("jax"), v.to("jax"), **dev_kwargs)
     assert str(jax_error.value) == str(cpu_error.value)
+
+
+def test_no_double_backward_as_on_cpu():
+    """PyTorch's CPU kernel (flash attention) has no double backward either."""
+    for device in ("cpu", "jax"):
+        q = torch.randn(1, 2, 4, 8).to(device).requires_grad_(True)
+        (grad,) = torch.autograd.grad(F.scaled_dot_product_attention(q, q, q).sum(), q, create_graph=True)
+        with pytest.raises(RuntimeError, match="backward is not implemented"):
+            grad.sum().backward()
