@@ -122,11 +122,9 @@ def _overrideable_fits(q, k, v, mask, dropout_p, is_causal) -> bool:
         return True
     if mask.device != q.device or mask.dtype not in (torch.bool, q.dtype):
         return False
-    scores = (*q.shape[:-1], k.shape[-2])
-    try:
-        return torch.broadcast_shapes(mask.shape, scores) == scores
-    except RuntimeError:
-        return False
+    # the mask broadcasts to the scores' shape (torch.broadcast_shapes costs 9 us here)
+    scores, shape = (*q.shape[:-1], k.shape[-2]), mask.shape
+    return len(shape) <= len(scores) and all(m == 1 or m == s for m, s in zip(reversed(shape), reversed(scores)))
 
 
 def autograd_kernels():
