@@ -433,9 +433,10 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
     # softmax as PyTorch's math path takes it (_safe_softmax): a row masked everywhere
     # attends to nothing (zeros, and zero gradients) instead of giving NaN
     m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0))
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(s - m)
     total = jnp.sum(e, axis=-1, keepdims=True)
-    lse = (jnp.log(total) + jnp.where(jnp.isfinite(m), m, 0))[..., 0]
+    lse = (jnp.log(total) + m)[..., 0]
     p = e / jnp.where(total == 0, 1, total)
     if dropout_p > 0:
         keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)

@@ -154,8 +154,8 @@ def _run(g: _Graph, reason: str) -> None:
         last = len(rank)
         alive.sort(key=lambda p: rank.get(p.replaced, last))
     wanted = tuple((p.node, p.out) for p in alive)
-    # (each entry's key fixes its inputs' shapes, dtypes and kinds)
-    key = (g.index, nodes, wanted, tuple(checks), donated, config.cpu_blas)
+    # (each entry's key fixes its inputs' shapes, dtypes and kinds, and its value checks)
+    key = (g.index, nodes, wanted, donated, config.cpu_blas)
     fn = _compiled.get(key)
     if fn is None:
         _counters["graphs_compiled"] += 1
