@@ -87,6 +87,24 @@ def rng_key():
     return key_from_words(ctx.rng)
 
 
+def dropout_keep(key, keep: float, shape):
+    """Dropout's mask: each element kept with probability ``keep`` (a Python float in
+    (0, 1]), from 32-bit random words compared with ``floor(keep * 2**32)``.
+
+    NOTE [Dropout's mask from 32-bit words]: ``jax.random.bernoulli`` with a Python float
+    draws float64 uniforms when 64-bit types are on (as torch_jax has them), 64 random
+    bits per element; a 32-bit threshold needs half the Threefry work (the generator
+    yields 64-bit words that ``_xla_threefry_impl`` splits) and keeps each element with
+    probability within 2**-32 of ``keep``, finer than a float32 uniform's 2**-23 as
+    CUDA's dropout draws it."""
+    import jax
+    import jax.numpy as jnp
+
+    if keep >= 1:
+        return jnp.ones(shape, jnp.bool_)
+    return jax.random.bits(key, shape, jnp.uint32) < np.uint32(math.floor(keep * 2**32))
+
+
 def key_from_words(rng):
     """The PRNG key of a random op from its generator words (uint32[4]: the seed's two
     words and the offset's two).

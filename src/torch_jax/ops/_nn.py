@@ -260,7 +260,7 @@ def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output
 def native_dropout(x, p, train):
     if train is False or p == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
-    keep = jax.random.bernoulli(_context.rng_key(), 1.0 - p, x.shape)
+    keep = _context.dropout_keep(_context.rng_key(), 1.0 - p, x.shape)
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)).astype(x.dtype), keep
 
@@ -439,7 +439,7 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
     lse = (jnp.log(total) + m)[..., 0]
     p = e / jnp.where(total == 0, 1, total)
     if dropout_p > 0:
-        keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
+        keep = _context.dropout_keep(key, 1.0 - dropout_p, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
     out = jnp.einsum("...ls,...sv->...lv", p, opmath(v), precision=lax.Precision.HIGHEST)
     return out.astype(q.dtype), lse
