@@ -181,7 +181,7 @@ def _cpu_lowering(ctx, a, b, *, trans_a, trans_b):
 mlir.register_lowering(gemm_p, _cpu_lowering, platform="cpu")
 
 
-def _untransposed(x):
+def untransposed(x):
     """(operand, transposed): the array a traced 2-D transpose was made from, if it was."""
     eqn = getattr(x, "parent", None)  # (the tracing equation that made x: JAX internals,
     # so anything unexpected just keeps x)
@@ -221,6 +221,6 @@ def matmul(a, b):
     n = b.shape[1]
     if not (0 < m and 0 < k and 0 < n and max(m * k, k * n, m * n) <= _INT_MAX):  # (LP64 BLAS)
         return None
-    a, trans_a = _untransposed(a)
-    b, trans_b = _untransposed(b)
+    a, trans_a = untransposed(a)
+    b, trans_b = untransposed(b)
     return gemm_p.bind(a, b, trans_a=trans_a, trans_b=trans_b)

@@ -1,0 +1,80 @@
+"""Products whose left operand is a transpose (every weight gradient, ``x.t() @ grad``)
+on XLA:CPU's dot: the same values as PyTorch's CPU kernels in both modes, and no product
+left that contracts its left operand's leading dimension (NOTE [Weight gradients on
+XLA:CPU] in ops/_matmul)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import torch_jax
+from torch_jax.ops import _matmul
+
+
+@pytest.fixture(autouse=True)
+def _xla_dot():
+    """XLA's dot, whatever the CPU vendor's default (Intel's takes the BLAS call)."""
+    before = torch_jax.config.cpu_blas
+    torch_jax.config.cpu_blas = False
+    yield
+    torch_jax.config.cpu_blas = before
+
+
+# (40, 64, 300) copies the transposed operand; (300, 64, 40) computes the product transposed
+_SHAPES = [(40, 64, 300), (300, 64, 40), (1, 5, 1), (33, 1, 17)]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("m,k,n", _SHAPES)
+def test_transposed_left_operand_matches_the_cpu(mode, m, k, n):
+    g = torch.Generator().manual_seed(m * 100 + n)
+    a = torch.randn(k, m, generator=g).t()
+    b = torch.randn(k, n, generator=g)
+    bias = torch.randn(n, generator=g)
+    torch_jax.set_mode(mode)
+    try:
+        aj, bj = a.to("jax"), b.to("jax")
+        got_mm = torch.mm(aj, bj).cpu()
+        got_addmm = torch.addmm(bias.to("jax"), aj, bj, beta=0.5, alpha=2.0).cpu()
+        got_both = torch.mm(aj, bj.t().contiguous().t()).cpu()  # (both transposed: XLA's own form)
+    finally:
+        torch_jax.set_mode("strict")
+    torch.testing.assert_close(got_mm, torch.mm(a, b))
+    torch.testing.assert_close(got_addmm, torch.addmm(bias, a, b, beta=0.5, alpha=2.0))
+    torch.testing.assert_close(got_both, torch.mm(a, b))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_linear_weight_gradient_matches_the_cpu(mode):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 200, generator=g)
+    lin = torch.nn.Linear(200, 50)
+    lin_j = torch.nn.Linear(200, 50)
+    lin_j.load_state_dict(lin.state_dict())
+    lin_j = lin_j.to("jax")
+    torch_jax.set_mode(mode)
+    try:
+        lin_j(x.to("jax")).square().sum().backward()
+        got = lin_j.weight.grad.cpu(), lin_j.bias.grad.cpu()
+    finally:
+        torch_jax.set_mode("strict")
+    lin(x).square().sum().backward()
+    # (sums of 96 float32 terms in another order than MKL's: up to a few ulps apart)
+    torch.testing.assert_close(got[0], lin.weight.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], lin.bias.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,k,n", [(40, 64, 300), (300, 64, 40)])
+def test_no_product_contracts_the_left_operands_leading_dim_on_the_cpu(m, k, n):
+    """The rewrite holds in the optimized program (an optimization barrier keeps XLA from
+    folding the copy back into the product)."""
+    x = np.ones((k, m), np.float32)
+    y = np.ones((k, n), np.float32)
+    hlo = jax.jit(lambda x, y: _matmul.matmul2d(x.T, y)).lower(x, y).compile().as_text()
+    dots = re.findall(r"dot\([^)]*\), lhs_contracting_dims=\{(\d+)\}", hlo)
+    assert dots == ["1"], dots
