@@ -82,6 +82,9 @@ def test_masks():
     assert_same(got, F.scaled_dot_product_attention(*cpu, attn_mask=keep), atol=1e-5, rtol=1e-4)
     # an additive float mask, broadcast over heads, with its own gradient
     _check({}, mask=torch.randn(B, 1, L, S, generator=g))
+    # and masks with fewer dims, broadcast over batch (and heads, and query rows)
+    _check({}, mask=torch.randn(L, S, generator=g))
+    _check({}, mask=torch.randn(H, 1, S, generator=g))
 
 
 def test_fully_masked_rows_are_zero_not_nan():
