@@ -203,3 +203,58 @@ def test_as_strided_bounds_as_on_cpu(size, stride, offset):
         assert str(got.value) == str(e)
         return
     assert_same(base("jax").as_strided(size, stride, offset), expected)
+
+
+def _offset_views(x):
+    """Views at storage offsets of a (4, 6, 10) tensor: slices of its nested shape, and
+    (the last two) views that cross its rows, which read through a window."""
+    flat = x.flatten()
+    return [
+        x[1],
+        x[:, 2],
+        x[..., 3:7],
+        *x.split(3, dim=2),
+        x[2:, 1:, ::2],
+        x[1, :, 2:].t(),
+        flat.as_strided((3, 4), (10, 1), 5),
+        flat.as_strided((2, 5), (60, 2), 3),
+        flat.as_strided((3, 4), (10, 1), 7),
+        flat.as_strided((2, 5), (60, 2), 57),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_views_at_offsets_read_as_on_cpu(mode):
+    """NOTE [Views as slices of the storage's nested shape]: the ops' keys say which
+    views are one slice at their offset; both kinds read the CPU's values."""
+    import torch_jax
+    from torch_jax.tensor import _strided
+
+    cpu = torch.arange(240, dtype=torch.float32).reshape(4, 6, 10)
+    slices = [_strided.slices_at(240, v.shape, v.stride(), v.storage_offset()) for v in _offset_views(cpu)]
+    assert slices == [True] * 11 + [False, False], slices
+    torch_jax.set_mode(mode)
+    try:
+        got = [v * 2 for v in _offset_views(cpu.to("jax"))]
+    finally:
+        torch_jax.set_mode("strict")
+    for g, v in zip(got, _offset_views(cpu)):
+        assert_same(g, v * 2)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_writes_through_views_at_offsets_as_on_cpu(mode):
+    import torch_jax
+
+    def program(device):
+        x = torch.arange(240, dtype=torch.float32).reshape(4, 6, 10).to(device)
+        for i, v in enumerate(_offset_views(x)):
+            v.mul_(-1).add_(1000 * i)
+        return x
+
+    torch_jax.set_mode(mode)
+    try:
+        got = program("jax")
+    finally:
+        torch_jax.set_mode("strict")
+    assert_same(got, program("cpu"))

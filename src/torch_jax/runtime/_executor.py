@@ -138,7 +138,12 @@ def _device_mismatch(a: str, b: str) -> RuntimeError:
 
 # NOTE [Dynamic storage offsets]: a view's storage offset is a run-time input of the
 # computation when it is not 0 (x[i], the chunks of a split): a loop over the rows of
-# a tensor reuses one compiled computation instead of compiling one per row.
+# a tensor reuses one compiled computation instead of compiling one per row. The key
+# keeps whether the view is a slice of the storage's nested shape at that offset
+# (NOTE [Views as slices of the storage's nested shape] in tensor/_strided): _SLICES.
+_SLICES = "slices"
+
+
 def _describe(t, dyn: list, index: int):
     """The key of one tensor argument (appending its array, if any, to ``dyn``) and the
     device index it pins the op to."""
@@ -181,10 +186,12 @@ def _describe(t, dyn: list, index: int):
     else:
         shape = None
     offset = t.storage_offset()
+    stride = t.stride()
     if offset:  # NOTE [Dynamic storage offsets]
         dyn.append(offset)
-        offset = None
-    return ("v", shape, box.dtype, box.numel, tuple(t.shape), t.stride(), offset, dtype), index
+        units = box.numel * box.dtype.itemsize // dtype.itemsize
+        offset = _SLICES if _strided.slices_at(units, t.shape, stride, offset) else None
+    return ("v", shape, box.dtype, box.numel, tuple(t.shape), stride, offset, dtype), index
 
 
 def _key_contiguous(k) -> bool:
@@ -815,8 +822,9 @@ def _write(arr, k, value, offset):
     if k[0] == "m":  # storing v through a conjugate (negative) view stores conj(v) (-v)
         return _write(arr, k[1], _math_bits(value, k[2], k[3]), offset)
     if k[0] == "v":
-        _, _, box_dtype, numel, size, stride, _, dtype = k
-        return _strided.write(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]), value)
+        _, _, box_dtype, numel, size, stride, static, dtype = k
+        view = (size, stride, offset, _TO_NP[dtype])
+        return _strided.write(arr, _TO_NP[box_dtype], numel, view, value, static == _SLICES)
     return value  # the tensor is its whole storage, in the array's shape
 
 
@@ -834,9 +842,10 @@ def _read(k, it):
     if tag == "v":
         _, shape, box_dtype, numel, size, stride, offset, dtype = k
         arr = next(it) if shape is not None else None
-        if offset is None:
+        aligned = offset == _SLICES
+        if offset is None or aligned:
             offset = next(it)
-        return _strided.read(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]))
+        return _strided.read(arr, _TO_NP[box_dtype], numel, (size, stride, offset, _TO_NP[dtype]), aligned)
     return next(it)
 
 
@@ -846,7 +855,7 @@ def _offset(k, dyn, p):
         return _offset(k[1], dyn, p)
     if k[0] != "v":
         return 0
-    if k[6] is not None:
+    if k[6] is not None and k[6] != _SLICES:
         return k[6]
     return dyn[p + 1] if k[1] is not None else dyn[p]
 

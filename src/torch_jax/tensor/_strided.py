@@ -105,9 +105,34 @@ def _linear_index(size, stride, offset: int):
     return idx
 
 
-def read_strided(flat, size, stride, offset):
+def slices_at(numel: int, size, stride, offset: int) -> bool:
+    """Whether the view (size, stride) at ``offset`` is one slice of the storage (``numel``
+    elements) seen as an array of the view's nested strides (NOTE [Views as slices of
+    the storage's nested shape])."""
+    dims = sorted(((stride[d], size[d]) for d in range(len(size)) if size[d] > 1 and stride[d] != 0), reverse=True)
+    extent, rem = numel, offset  # (the span of the level around each dim, and the offset within it)
+    for s, n in dims:
+        if extent % s or rem // s + n > extent // s:
+            return False
+        extent, rem = s, rem % s
+    return bool(dims)
+
+
+def _nested(numel: int, strides, offset):
+    """The storage's nested shape for a chain's sorted strides (NOTE [Views as slices of
+    the storage's nested shape]) and ``offset`` (maybe traced) as start indices in it."""
+    shape = [numel // strides[0]] + [a // b for a, b in zip(strides, strides[1:])] + [strides[-1]]
+    starts, rem = [], offset
+    for s in strides:
+        starts.append(rem // s)
+        rem = rem % s
+    return shape, (*starts, rem)
+
+
+def read_strided(flat, size, stride, offset, aligned=False):
     """The logical array of the view (size, stride, offset) of a 1-D array; ``offset``
-    may be traced (NOTE [Dynamic storage offsets] in runtime/_executor.py)."""
+    may be traced (NOTE [Dynamic storage offsets] in runtime/_executor.py), and then
+    ``aligned`` says what :func:`slices_at` said of it."""
     size = tuple(size)
     if math.prod(size) == 0:
         return jnp.zeros(size, flat.dtype)
@@ -120,6 +145,17 @@ def read_strided(flat, size, stride, offset):
         count = math.prod(sizes)
         block = lax.dynamic_slice(flat, (offset,), (count,)).reshape(sizes)
         return _to_logical(block, order, size)
+    if aligned or (isinstance(offset, int) and slices_at(flat.shape[0], size, stride, offset)):
+        # NOTE [Views as slices of the storage's nested shape]: a chain view's storage,
+        # reshaped to the chain's strides (rows of strides[0], each of strides[0] //
+        # strides[1] blocks, ...), holds the view as one dynamic slice when the view's
+        # offset, written in those digits, leaves room for each dim's size: the q, k and
+        # v chunks of a split, a column block, x[i] of a batch of matrices. XLA fuses
+        # that slice into what reads it; the window below is a copy of the whole span.
+        # Which views slice is part of the op's key (runtime/_executor).
+        shape, starts = _nested(flat.shape[0], strides, offset)
+        block = lax.dynamic_slice(flat.reshape(shape), starts, (*sizes, 1))
+        return _to_logical(block[..., 0], order, size)
     extent = sizes[0] * strides[0]
     block = _window(flat, offset, _span(size, stride), extent).reshape(sizes[0], strides[0])
     for n, s in zip(sizes[1:], strides[1:]):
@@ -133,8 +169,9 @@ def has_internal_overlap(size, stride) -> bool:
     return math.prod(size) != 0 and any(n > 1 and s == 0 for n, s in zip(size, stride))
 
 
-def write_strided(flat, size, stride, offset, value):
-    """``flat`` with the view (size, stride, offset) replaced by ``value`` (broadcast)."""
+def write_strided(flat, size, stride, offset, value, aligned=False):
+    """``flat`` with the view (size, stride, offset) replaced by ``value`` (broadcast);
+    ``aligned`` as for :func:`read_strided`."""
     size = tuple(size)
     if math.prod(size) == 0:
         return flat
@@ -157,6 +194,10 @@ def write_strided(flat, size, stride, offset, value):
         vals = jnp.transpose(vals, [pos[d] for d in order])
     if _is_block(order, size, stride):
         return lax.dynamic_update_slice(flat, vals.reshape(-1), (offset,))
+    if aligned or (isinstance(offset, int) and slices_at(flat.shape[0], size, stride, offset)):
+        shape, starts = _nested(flat.shape[0], strides, offset)
+        nested = lax.dynamic_update_slice(flat.reshape(shape), vals.reshape(*sizes, 1), starts)
+        return nested.reshape(-1)
     # inverse of the read chain: pad each level out to the stride above it
     data = vals[..., None]
     mask = jnp.ones(data.shape, jnp.bool_)
@@ -182,16 +223,16 @@ def storage_in_units(arr, box_dtype: np.dtype, numel: int, dtype: np.dtype):
     return bitcast(flat, dtype)
 
 
-def read(arr, box_dtype, numel, view):
+def read(arr, box_dtype, numel, view, aligned=False):
     """The logical array of ``view`` = (size, stride, offset, dtype) over a storage."""
     size, stride, offset, dtype = view
-    return read_strided(storage_in_units(arr, box_dtype, numel, dtype), size, stride, offset)
+    return read_strided(storage_in_units(arr, box_dtype, numel, dtype), size, stride, offset, aligned)
 
 
-def write(arr, box_dtype, numel, view, value):
+def write(arr, box_dtype, numel, view, value, aligned=False):
     """The new storage array after writing ``value`` through ``view``; keeps arr's shape."""
     size, stride, offset, dtype = view
     units = storage_in_units(arr, box_dtype, numel, dtype)
-    units = write_strided(units, size, stride, offset, value)
+    units = write_strided(units, size, stride, offset, value, aligned)
     flat = bitcast(units, box_dtype)
     return flat if arr is None else flat.reshape(arr.shape)
