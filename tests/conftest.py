@@ -3,6 +3,7 @@ unless a test allows it, and helpers that compare a jax result with the CPU orac
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # before JAX is imported (torch_jax imports it on first use of the device)
@@ -14,6 +15,19 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import torch_jax  # noqa: E402
+
+
+@contextlib.contextmanager
+def config_as(**settings):
+    """``torch_jax.config`` with ``settings`` inside the block, as before after it."""
+    before = {name: getattr(torch_jax.config, name) for name in settings}
+    for name, value in settings.items():
+        setattr(torch_jax.config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(torch_jax.config, name, value)
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import torch_jax
+from conftest import config_as
 from torch_jax._config import _intel_cpu
 from torch_jax.runtime import _cpu_blas
 
@@ -27,10 +28,8 @@ from torch_jax.runtime import _cpu_blas
 @pytest.fixture(autouse=True)
 def _blas_on():
     """The BLAS call is tested on every CPU, whatever its vendor's default."""
-    before = torch_jax.config.cpu_blas
-    torch_jax.config.cpu_blas = True
-    yield
-    torch_jax.config.cpu_blas = before
+    with config_as(cpu_blas=True):
+        yield
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")

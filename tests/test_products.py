@@ -13,16 +13,15 @@ import pytest
 import torch
 
 import torch_jax
+from conftest import config_as
 from torch_jax.ops import _matmul
 
 
 @pytest.fixture(autouse=True)
 def _xla_dot():
     """XLA's dot, whatever the CPU vendor's default (Intel's takes the BLAS call)."""
-    before = torch_jax.config.cpu_blas
-    torch_jax.config.cpu_blas = False
-    yield
-    torch_jax.config.cpu_blas = before
+    with config_as(cpu_blas=False):
+        yield
 
 
 # (40, 64, 300) copies the transposed operand; (300, 64, 40) computes the product transposed
