@@ -52,6 +52,8 @@ SAME_AS_CPU = {
     "gather_out_of_range": lambda d: torch.zeros(2, 3, device=d).gather(1, torch.tensor([[0], [3]]).to(d)),
     "mask_shape": lambda d: torch.zeros(4, 2, device=d)[torch.tensor([True, False]).to(d)],
     "clamp_no_bounds": lambda d: torch.clamp(torch.zeros(3, device=d)),
+    "native_dropout_p_above_1": lambda d: torch.native_dropout(torch.ones(3, device=d), 1.5, True),
+    "native_dropout_p_below_0": lambda d: torch.native_dropout(torch.ones(3, device=d), -0.5, None),
     "alpha_float_for_int": lambda d: torch.add(
         torch.ones(2, dtype=torch.int64, device=d), torch.ones(2, dtype=torch.int64, device=d), alpha=0.5
     ),

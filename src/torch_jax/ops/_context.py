@@ -88,8 +88,8 @@ def rng_key():
 
 
 def dropout_keep(key, keep: float, shape):
-    """Dropout's mask: each element kept with probability ``keep`` (a Python float in
-    (0, 1]), from 32-bit random words compared with ``floor(keep * 2**32)``.
+    """Dropout's mask: each element kept with probability ``keep`` (a Python float), from
+    32-bit random words compared with ``floor(keep * 2**32)``.
 
     NOTE [Dropout's mask from 32-bit words]: ``jax.random.bernoulli`` with a Python float
     draws float64 uniforms when 64-bit types are on (as torch_jax has them), 64 random
@@ -100,8 +100,8 @@ def dropout_keep(key, keep: float, shape):
     import jax
     import jax.numpy as jnp
 
-    if keep >= 1:
-        return jnp.ones(shape, jnp.bool_)
+    if keep >= 1 or keep <= 0:
+        return jnp.full(shape, keep >= 1, jnp.bool_)
     return jax.random.bits(key, shape, jnp.uint32) < np.uint32(math.floor(keep * 2**32))
 
 

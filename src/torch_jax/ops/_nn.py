@@ -258,8 +258,10 @@ def native_group_norm_backward(g, x, mean, rstd, weight, n, c, hw, group, output
 
 @lower(aten.native_dropout.default, random=True)
 def native_dropout(x, p, train):
-    if train is False or p == 0:
+    if train is False or p == 0 or x.size == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
+    if not 0 <= 1 - p <= 1:  # (the CPU kernel's bernoulli_(1 - p) checks it)
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={1 - p}")
     keep = _context.dropout_keep(_context.rng_key(), 1.0 - p, x.shape)
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)).astype(x.dtype), keep
