@@ -426,10 +426,7 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
     s = _sdpa_masked(s, bias, is_causal)
     # softmax as PyTorch's math path takes it (_safe_softmax): a row masked everywhere
     # attends to nothing (zeros, and zero gradients) instead of giving NaN
-    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0)
-    e = jnp.exp(s - m)
-    total = jnp.sum(e, axis=-1, keepdims=True)
+    m, e, total = _exp_and_sum(s)
     lse = (jnp.log(total) + m)[..., 0]
     p = e / jnp.where(total == 0, 1, total)
     if dropout_p > 0:
@@ -437,6 +434,14 @@ def _sdpa_forward(q, k, v, bias, dropout_p, is_causal, scale, key):
         p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
     out = _matmul_nn(p, opmath(v))
     return out.astype(q.dtype), lse
+
+
+def _exp_and_sum(s):
+    """(m, exp(s - m), its row sums), m each row's maximum (0 where it is not finite)."""
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(s - m)
+    return m, e, jnp.sum(e, axis=-1, keepdims=True)
 
 
 def _sdpa_masked(s, bias, is_causal):
@@ -546,9 +551,8 @@ def _sdpa_backward(g, q, k, v, bias, has_bias, logsumexp, dropout_p, is_causal, 
     if s.dtype == jnp.float32:
         lse = logsumexp.reshape(s.shape[:-1])[..., None]
     else:
-        m = jnp.max(s, axis=-1, keepdims=True)
-        m = jnp.where(jnp.isfinite(m), m, 0)
-        lse = jnp.log(jnp.sum(jnp.exp(s - m), axis=-1, keepdims=True)) + m
+        m, _, total = _exp_and_sum(s)
+        lse = jnp.log(total) + m
     p = jnp.where(jnp.isfinite(lse), jnp.exp(s - lse), 0)  # (a row masked everywhere: zeros)
     dpd = _matmul_nt(go, vo)
     if dropout_p > 0:

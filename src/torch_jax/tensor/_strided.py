@@ -118,6 +118,12 @@ def slices_at(numel: int, size, stride, offset: int) -> bool:
     return bool(dims)
 
 
+def _as_slice(flat, size, stride, offset, aligned: bool) -> bool:
+    """Whether to read or write the view as a slice of the nested shape: the op's key
+    says so for a traced offset (``aligned``), :func:`slices_at` for a static one."""
+    return aligned or (isinstance(offset, int) and slices_at(flat.shape[0], size, stride, offset))
+
+
 def _nested(numel: int, strides, offset):
     """The storage's nested shape for a chain's sorted strides (NOTE [Views as slices of
     the storage's nested shape]) and ``offset`` (maybe traced) as start indices in it."""
@@ -145,7 +151,7 @@ def read_strided(flat, size, stride, offset, aligned=False):
         count = math.prod(sizes)
         block = lax.dynamic_slice(flat, (offset,), (count,)).reshape(sizes)
         return _to_logical(block, order, size)
-    if aligned or (isinstance(offset, int) and slices_at(flat.shape[0], size, stride, offset)):
+    if _as_slice(flat, size, stride, offset, aligned):
         # NOTE [Views as slices of the storage's nested shape]: a chain view's storage,
         # reshaped to the chain's strides (rows of strides[0], each of strides[0] //
         # strides[1] blocks, ...), holds the view as one dynamic slice when the view's
@@ -194,7 +200,7 @@ def write_strided(flat, size, stride, offset, value, aligned=False):
         vals = jnp.transpose(vals, [pos[d] for d in order])
     if _is_block(order, size, stride):
         return lax.dynamic_update_slice(flat, vals.reshape(-1), (offset,))
-    if aligned or (isinstance(offset, int) and slices_at(flat.shape[0], size, stride, offset)):
+    if _as_slice(flat, size, stride, offset, aligned):
         shape, starts = _nested(flat.shape[0], strides, offset)
         nested = lax.dynamic_update_slice(flat.reshape(shape), vals.reshape(*sizes, 1), starts)
         return nested.reshape(-1)
