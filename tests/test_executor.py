@@ -159,3 +159,17 @@ def test_small_computations_compile_cheaply(monkeypatch, strict_mode):
         # a graph of small inputs and outputs whose ops make a large array
         assert compiled(lambda: (x.sum() + torch.ones(131, 127, device="jax")).sum().cpu()) == [None]
         assert compiled(lambda: torch.special.erfcx(big * 5 - 2).cpu()) == [None]
+
+
+def test_arange_goes_straight_to_its_lowering():
+    # NOTE [arange without its out= form] in ops/_factories
+    from torch_jax.runtime._install import REGISTERED
+
+    aten = torch.ops.aten
+    for args in [(5,), (2.5,), (0,), (1, 7), (1, 7.5), (-3, 4.0), (2, 2)]:
+        for dtype in [None, torch.float32, torch.float16, torch.int32, torch.int64]:
+            want = torch.arange(*args, dtype=dtype)
+            got = torch.arange(*args, dtype=dtype, device="jax")
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (args, dtype)
+    # (not through an empty tensor, arange.start_out, a resize and a copy)
+    assert REGISTERED[aten.arange.default] == REGISTERED[aten.arange.start] == "lowered"
