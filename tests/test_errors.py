@@ -4,6 +4,7 @@ a hang or a silently wrong value."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -124,3 +125,43 @@ def test_errors_inside_debug_launch_blocking_mode():
         assert (torch.ones(2, device="jax") * 3).tolist() == [3.0, 3.0]
     finally:
         torch_jax.config.launch_blocking = False
+
+
+# NOTE [Factories' out= tensors] in runtime/_install: how each factory resizes a wrong-sized
+# out= tensor, and what it warns
+FACTORY_OUTS = {
+    "arange": lambda t: torch.arange(5, out=t),
+    "arange_start": lambda t: torch.arange(1, 6, out=t),
+    "arange_step": lambda t: torch.arange(1, 6, 1, out=t),
+    "arange_same_numel": lambda t: torch.arange(6, out=t),
+    "linspace": lambda t: torch.linspace(0, 1, 5, out=t),
+    "linspace_same_numel": lambda t: torch.linspace(0, 1, 6, out=t),
+    "logspace": lambda t: torch.logspace(0, 1, 5, out=t),
+    "eye": lambda t: torch.eye(5, out=t),
+    "eye_m": lambda t: torch.eye(2, 3, out=t),
+    "full": lambda t: torch.full((3, 2), 2.0, out=t),
+    "add": lambda t: torch.add(torch.ones(5, device=t.device), 1, out=t),  # (not a factory)
+}
+
+
+@pytest.mark.parametrize("shape", [(3,), (0,), (2, 3)])
+@pytest.mark.parametrize("name", sorted(FACTORY_OUTS))
+def test_factory_out_resizes_as_on_cpu(name, shape):
+    seen = []
+    for device in ("cpu", "jax"):
+        out = torch.empty(shape, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            FACTORY_OUTS[name](out)
+        messages = [str(w.message).split(" (Triggered internally")[0] for w in caught]
+        seen.append((tuple(out.shape), messages, out.cpu().tolist()))
+    assert seen[1] == seen[0]
+
+
+def test_randperm_out_resizes_silently():
+    for device in ("cpu", "jax"):
+        out = torch.empty(3, dtype=torch.int64, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.randperm(5, out=out)
+        assert out.shape == (5,) and sorted(out.cpu().tolist()) == list(range(5))

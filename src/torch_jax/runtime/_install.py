@@ -113,17 +113,31 @@ def _out_kernel(out_op, spec):
             functional_args.append("None")
     body = (
         f"return _write_out(_run(_spec, ({', '.join(functional_args)},)), "
-        f"({', '.join(_executor.safe_name(n) for n in out_names)},), ({', '.join(functional_args)},))"
+        f"({', '.join(_executor.safe_name(n) for n in out_names)},), ({', '.join(functional_args)},), _resize)"
     )
-    ns = {"_run": _executor.run, "_spec": spec, "_write_out": write_out}
+    ns = {"_run": _executor.run, "_spec": spec, "_write_out": write_out, "_resize": _FACTORY_RESIZE.get(out_op)}
     return _make_kernel(out_op, body, ns)
 
 
-def write_out(result, outs, inputs=()):
+# NOTE [Factories' out= tensors]: the CPU's factory kernels resize their out= tensor
+# themselves rather than through the resize check that warns: eye, full and randperm to
+# the result's shape, silently; arange, linspace and logspace only when its number of
+# elements differs (an out of the right size keeps its shape and is filled in order),
+# arange with a warning of its own.
+_FACTORY_RESIZE = {
+    **dict.fromkeys(
+        [aten.eye.out, aten.eye.m_out, aten.full.out, aten.randperm.out, aten.randperm.generator_out], "silent"
+    ),
+    **dict.fromkeys([aten.linspace.out, aten.logspace.out], "numel"),
+    **dict.fromkeys([aten.arange.out, aten.arange.start_out], "arange"),
+}
+
+
+def write_out(result, outs, inputs=(), resize=None):
     """Copy an op's result(s) into its out= tensors with PyTorch's rules: outputs are
     resized to the result's shape (warning if they held elements), except an output that
     is also an input (``ldexp_`` runs ``mul(self, ..., out=self)``); dtypes must be
-    castable."""
+    castable. ``resize``: how a factory resizes instead (NOTE [Factories' out= tensors])."""
     results = result if isinstance(result, (tuple, list)) else (result,)
     for r, o in zip(results, outs):
         if not torch.can_cast(r.dtype, o.dtype):
@@ -132,7 +146,18 @@ def write_out(result, outs, inputs=()):
             )
         if o.shape != r.shape and any(a is o for a in inputs):
             raise RuntimeError(f"output with shape {list(o.shape)} doesn't match the broadcast shape {list(r.shape)}")
-        if o.shape != r.shape:
+        if resize in ("numel", "arange") and o.shape != r.shape and o.numel() == r.numel():
+            r = r.reshape(o.shape)
+        if o.shape != r.shape and resize is not None:
+            if resize == "arange" and o.numel() != 0:
+                warnings.warn(
+                    f"The number of elements in the out tensor of shape {list(o.shape)} is {o.numel()} which does "
+                    f"not match the computed number of elements {r.numel()}. Note that this may occur as a result "
+                    f"of rounding error. The out tensor will be resized to a tensor of shape ({r.numel()},).",
+                    stacklevel=3,
+                )
+            o.resize_(r.shape)
+        elif o.shape != r.shape:
             if o.numel() != 0:
                 warnings.warn(
                     f"An output with one or more elements was resized since it had shape {list(o.shape)}, "
