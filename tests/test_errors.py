@@ -140,6 +140,8 @@ FACTORY_OUTS = {
     "eye": lambda t: torch.eye(5, out=t),
     "eye_m": lambda t: torch.eye(2, 3, out=t),
     "full": lambda t: torch.full((3, 2), 2.0, out=t),
+    "range": lambda t: torch.range(0, 4, out=t),
+    "range_step": lambda t: torch.range(0, 5, 1, out=t),
     "add": lambda t: torch.add(torch.ones(5, device=t.device), 1, out=t),  # (not a factory)
 }
 

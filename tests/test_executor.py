@@ -3,6 +3,8 @@ asynchronous dispatch, debug-blocking mode. Behaviour is asserted as counts."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import torch_jax
@@ -173,3 +175,20 @@ def test_arange_goes_straight_to_its_lowering():
             assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (args, dtype)
     # (not through an empty tensor, arange.start_out, a resize and a copy)
     assert REGISTERED[aten.arange.default] == REGISTERED[aten.arange.start] == "lowered"
+
+
+def test_deprecated_range_is_lowered():
+    from torch_jax.runtime._install import REGISTERED
+
+    aten = torch.ops.aten
+    cases = [(0, 4), (0, 4.5), (1, 7, 2), (1, 8, 2), (4, 0, -1), (4, 0, -1.5), (-3, 4.0), (2, 2), (0, 1, 0.1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.range is deprecated)
+        for args in cases:
+            for dtype in [None, torch.float32, torch.float64, torch.int32, torch.int64]:
+                if dtype in (torch.int32, torch.int64) and len(args) == 3 and abs(args[2]) < 1:
+                    continue  # (PyTorch's CPU kernel divides by the truncated step: SIGFPE)
+                want = torch.range(*args, dtype=dtype)
+                got = torch.range(*args, dtype=dtype, device="jax")
+                assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (args, dtype)
+    assert REGISTERED[aten.range.step] == REGISTERED[aten.range.default] == "lowered"

@@ -50,6 +50,24 @@ def arange_start(start, end, dtype=None, layout=None, device=None, pin_memory=No
     return arange(start, end)
 
 
+@lower(aten.range.step, static=("start", "end", "step"))
+def range_(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """The deprecated ``torch.range``: ``end`` included; PyTorch counts the elements and
+    computes them in the accumulate type (int64 or double)."""
+    out = _context.out_dtype()
+    if np.issubdtype(out, np.integer):
+        # (the meta kernel has checked that (end - start) / step >= 0)
+        start, end, step = int(start), int(end), int(step)
+        return (start + jnp.arange((end - start) // step + 1, dtype=jnp.int64) * step).astype(out)
+    n = int((end - start) / step + 1)
+    return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
+
+
+@lower(aten.range.default, static=("start", "end"))
+def range_unit_step(start, end, dtype=None, layout=None, device=None, pin_memory=None):
+    return range_(start, end)
+
+
 @lower(aten.full.default)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     out = _context.out_dtype()

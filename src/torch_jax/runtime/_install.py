@@ -121,14 +121,14 @@ def _out_kernel(out_op, spec):
 
 # NOTE [Factories' out= tensors]: the CPU's factory kernels resize their out= tensor
 # themselves rather than through the resize check that warns: eye, full and randperm to
-# the result's shape, silently; arange, linspace and logspace only when its number of
+# the result's shape, silently; arange, linspace, logspace and range only when its number of
 # elements differs (an out of the right size keeps its shape and is filled in order),
 # arange with a warning of its own.
 _FACTORY_RESIZE = {
     **dict.fromkeys(
         [aten.eye.out, aten.eye.m_out, aten.full.out, aten.randperm.out, aten.randperm.generator_out], "silent"
     ),
-    **dict.fromkeys([aten.linspace.out, aten.logspace.out], "numel"),
+    **dict.fromkeys([aten.linspace.out, aten.logspace.out, aten.range.out, aten.range.out_], "numel"),
     **dict.fromkeys([aten.arange.out, aten.arange.start_out], "arange"),
 }
 
