@@ -4,6 +4,8 @@ their backward ops. Windows of fixed size are lax.reduce_window; windows whose b
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +81,8 @@ def _argmax_pair(a, b):
 
 def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
     k, s, p, d, out = _pool_geometry(x, _expand(kernel_size, nd), stride, padding, dilation, ceil_mode)
+    if int(np.prod(k)) <= _SCANNED_WINDOWS:
+        return _max_pool_scan(x, k, s, p, d, out)
     spatial = x.shape[-nd:]
     plane = lax.broadcasted_iota(jnp.int64, spatial, 0) * 0
     strides = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
@@ -88,6 +92,50 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
     init = (jnp.asarray(_min_value(x.dtype), x.dtype), jnp.asarray(np.iinfo(np.int64).max, jnp.int64))
     vals, inds = lax.reduce_window((x, idx), init, _argmax_pair, **_window_args(x, k, s, p, d, out))
     return _crop(vals, out), _crop(inds, out)
+
+
+# NOTE [Max pooling as a scan of its window]: a reduce_window over (value, index) pairs
+# is XLA's generic variadic reduce_window, slow on XLA:CPU: ResNet's 3x3 stride-2 pool
+# over 16x64x32x32 took 5.3-6.9 ms. A window of up to this many elements is instead
+# scanned as PyTorch's kernel scans it: one strided slice of the padded input per window
+# offset, in row-major order, each replacing the running maximum where it is larger or
+# NaN; the running index starts at the window's first element inside the input (so an
+# all -inf window points there) and its values are static. XLA fuses the scan into one
+# loop: 1.9-2.3 ms for the same pool. Larger windows keep the reduce_window.
+_SCANNED_WINDOWS = 64
+
+
+def _max_pool_scan(x, k, s, p, d, out):
+    nd = len(k)
+    batch = x.ndim - nd
+    spatial = x.shape[batch:]
+    low = jnp.asarray(_min_value(x.dtype), x.dtype)
+    if 0 in out:
+        return jnp.full(x.shape[:batch] + tuple(out), low), jnp.zeros(x.shape[:batch] + tuple(out), jnp.int64)
+    pads = _window_args(x, k, s, p, d, out)["padding"]
+    xp = lax.pad(x, low, [(lo, hi, 0) for lo, hi in pads])
+    flat = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
+    steps = []  # per window offset: (slice of xp, inside the input, flat input index)
+    for off in itertools.product(*(range(kn) for kn in k)):
+        inside = np.ones(out, bool)
+        index = np.zeros(out, np.int64)
+        for a in range(nd):
+            c = (np.arange(out[a]) * s[a] + off[a] * d[a] - p[a]).reshape([-1 if b == a else 1 for b in range(nd)])
+            inside = inside & (c >= 0) & (c < spatial[a])
+            index = index + c * int(flat[a])
+        start = [0] * batch + [o * dd for o, dd in zip(off, d)]
+        limit = list(x.shape[:batch]) + [st + (o - 1) * ss + 1 for st, o, ss in zip(start[batch:], out, s)]
+        steps.append((lax.slice(xp, start, limit, [1] * batch + list(s)), inside, index))
+    first = np.full(out, -1, np.int64)
+    for _, inside, index in steps:
+        first = np.where((first < 0) & inside, index, first)
+    vals = jnp.full(x.shape[:batch] + tuple(out), low)
+    inds = jnp.broadcast_to(jnp.asarray(first), vals.shape)
+    for v, inside, index in steps:
+        larger = (v > vals) | (v != v) if jnp.issubdtype(x.dtype, jnp.inexact) else v > vals
+        take = larger & inside
+        vals, inds = jnp.where(take, v, vals), jnp.where(take, index, inds)
+    return vals, inds
 
 
 def _max_pool_backward(g, x, indices, nd):
