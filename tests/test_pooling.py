@@ -1,6 +1,6 @@
 """Max pooling against the CPU: values and indices exactly, on ties, NaN and -inf
 windows, padding, dilation, ceil_mode, 1-D to 3-D, and its gradient (NOTE [Max pooling
-as a scan of its window] in ops/_pool)."""
+as a scan of its window] in ops/_pool), bit for bit in every dtype."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_max_pool_matches_cpu(case):
     pool = POOLS[nd]
     for seed, (kind, dtype) in enumerate(
         [("random", torch.float32), ("ties", torch.float32), ("nan", torch.float32), ("-inf", torch.float32),
-         ("ties", torch.float64), ("ties", torch.bfloat16)]
+         ("ties", torch.float64), ("ties", torch.bfloat16), ("random", torch.float16)]
     ):  # fmt: skip
         x = _input(shape, kind, dtype, seed).requires_grad_(kind in ("random", "ties"))
         xj = x.detach().to("jax").requires_grad_(x.requires_grad)
@@ -54,8 +54,7 @@ def test_max_pool_matches_cpu(case):
             grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
             want.backward(grad)
             got.backward(grad.to("jax"))
-            tol = 1e-2 if dtype == torch.bfloat16 else 1e-6  # (overlapping windows sum in another order)
-            torch.testing.assert_close(xj.grad.cpu(), x.grad, rtol=tol, atol=tol)
+            assert torch.equal(xj.grad.cpu(), x.grad), (kind, dtype)  # (the same sums, in the same order)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
@@ -64,3 +63,14 @@ def test_integer_max_pool_matches_cpu(dtype):
     want, want_i = F.max_pool2d(x, 3, 2, 1, return_indices=True)
     got, got_i = F.max_pool2d(x.to("jax"), 3, 2, 1, return_indices=True)
     assert torch.equal(got.cpu(), want) and torch.equal(got_i.cpu(), want_i)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_adaptive_max_pool_gradient_sums_as_on_cpu(dtype):
+    x = torch.randint(-2, 3, (1, 2, 5, 6, 7), generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    xj = x.detach().to("jax").requires_grad_()
+    want, got = F.adaptive_max_pool3d(x, (2, 3, 4)), F.adaptive_max_pool3d(xj, (2, 3, 4))
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    want.backward(grad)
+    got.backward(grad.to("jax"))
+    assert torch.equal(xj.grad.cpu(), x.grad)

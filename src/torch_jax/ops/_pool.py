@@ -141,9 +141,11 @@ def _max_pool_scan(x, k, s, p, d, out):
 def _max_pool_backward(g, x, indices, nd):
     plane = int(np.prod(x.shape[-nd:]))
     rows = int(np.prod(x.shape[:-nd]))
-    gi = jnp.zeros((rows, plane), jnp.float32 if g.dtype in _LOW else g.dtype)
-    gi = gi.at[jnp.arange(rows)[:, None], indices.reshape(rows, -1)].add(g.reshape(rows, -1).astype(gi.dtype))
-    return gi.reshape(x.shape).astype(g.dtype)
+    # in the gradient's dtype, each element's updates in output order: the CPU kernel's
+    # sums, bit for bit also in bfloat16 and float16 (it adds into grad_input directly)
+    gi = jnp.zeros((rows, plane), g.dtype)
+    gi = gi.at[jnp.arange(rows)[:, None], indices.reshape(rows, -1)].add(g.reshape(rows, -1))
+    return gi.reshape(x.shape)
 
 
 @lower(aten.max_pool2d_with_indices.default)
