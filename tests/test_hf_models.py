@@ -230,3 +230,33 @@ def test_trainer_on_jax_matches_cpu(tmp_path, monkeypatch):
     assert len(got) == 4
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-3, atol=1e-4)
     assert os.environ.get("ACCELERATE_TORCH_DEVICE") is None
+
+
+_KERNELIZE_ON_JAX = """
+import sys, torch
+if sys.argv[1] == "transformers first":
+    import transformers.modeling_utils
+torch.ones(1, device="jax")  # (registers the device, and its patches)
+import transformers
+config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+model = transformers.GPT2LMHeadModel(config).to("jax")
+model.set_use_kernels(True)
+model.train(); model.eval(); model.train()  # (each change of mode kernelizes again)
+ids = torch.randint(0, 64, (1, 8), device="jax")
+model(ids, labels=ids).loss.backward()
+print(model.use_kernels, model.transformer.h[0].mlp.act.forward.__func__ is type(model.transformer.h[0].mlp.act).forward)
+"""
+
+
+@pytest.mark.parametrize("order", ["transformers first", "device first"])
+def test_hub_kernels_on_jax_keep_pytorch_forwards(order):
+    # NOTE [Hub kernels on jax] in device/_patches
+    import subprocess
+    import sys
+
+    pytest.importorskip("kernels", reason="transformers kernelizes models only with the kernels package")
+    out = subprocess.run(
+        [sys.executable, "-c", _KERNELIZE_ON_JAX, order], capture_output=True, text=True, env=os.environ.copy()
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]

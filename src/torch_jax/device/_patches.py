@@ -3,7 +3,11 @@ Python PrivateUse1 backend does not. Each leaves every other device untouched.""
 
 from __future__ import annotations
 
+import functools
+import importlib.abc
+import importlib.util
 import io
+import sys
 import threading
 
 import torch
@@ -14,6 +18,7 @@ NAME = "jax"
 def install() -> None:
     _patch_storage_pickle()
     _patch_module_apply()
+    _patch_hub_kernels()
 
 
 def _patch_storage_pickle() -> None:
@@ -78,3 +83,74 @@ def _patch_module_apply() -> None:
 
 def _is_jax(t) -> bool:
     return t is not None and t.device.type == NAME
+
+
+# NOTE [Hub kernels on jax]: transformers (5.25 on, with the `kernels` package it now
+# installs) kernelizes every model it loads and again at each ``model.train()``/``eval()``,
+# and ``kernels`` refuses a device type it does not know ("Unsupported device type
+# 'jax'"). No hub kernel is built for jax, so on a jax model kernelizing runs with an
+# empty kernel mapping, which gives every layer its PyTorch forward (what transformers'
+# own ``reset_kernels`` does), as kernelizing with no kernel found does on other devices.
+# transformers is patched when it imports the module, or at once if it already has.
+_HUB_KERNELS = "transformers.integrations.hub_kernels"
+
+
+def _patch_hub_kernels() -> None:
+    if _HUB_KERNELS in sys.modules:
+        _wrap_kernelize(sys.modules[_HUB_KERNELS])
+    else:
+        sys.meta_path.insert(0, _HubKernelsFinder())
+
+
+class _HubKernelsFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _HUB_KERNELS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                _wrap_kernelize(module)
+
+            spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _wrap_kernelize(hub_kernels) -> None:
+    kernelize = getattr(hub_kernels, "kernelize", None)
+    if kernelize is None or getattr(kernelize, "_torch_jax", False):
+        return
+
+    @functools.wraps(kernelize)
+    def wrapper(model, mode=None, kernel_config=None, device_map=None):
+        on_jax = device_map is not None and any(_names_jax(d) for d in device_map.values())
+        if not on_jax and device_map is None:
+            on_jax = _names_jax(getattr(model, "_kernels_device", None) or model.device)
+        if not on_jax:
+            return kernelize(model, mode=mode, kernel_config=kernel_config, device_map=device_map)
+        from transformers.utils.kernel_config import KernelConfig
+
+        saved = model.__dict__.get("_kernels_device")
+        model._kernels_device = "cpu"  # (a device kernels knows; the mapping is empty)
+        try:
+            kernelize(model, mode=mode, kernel_config=KernelConfig(kernel_mapping={}, inherit_mapping=False))
+        finally:
+            if saved is None:
+                del model._kernels_device
+            else:
+                model._kernels_device = saved
+
+    wrapper._torch_jax = True
+    hub_kernels.kernelize = wrapper
+    modeling_utils = sys.modules.get("transformers.modeling_utils")
+    if modeling_utils is not None and getattr(modeling_utils, "kernelize", None) is kernelize:
+        modeling_utils.kernelize = wrapper
+
+
+def _names_jax(device) -> bool:
+    if isinstance(device, str):
+        return device.split(":")[0] == NAME
+    return isinstance(device, torch.device) and device.type == NAME
