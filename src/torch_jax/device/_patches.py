@@ -126,8 +126,9 @@ def _wrap_kernelize(hub_kernels) -> None:
 
     @functools.wraps(kernelize)
     def wrapper(model, mode=None, kernel_config=None, device_map=None):
-        on_jax = device_map is not None and any(_names_jax(d) for d in device_map.values())
-        if not on_jax and device_map is None:
+        if device_map is not None:
+            on_jax = any(_names_jax(d) for d in device_map.values())
+        else:
             on_jax = _names_jax(getattr(model, "_kernels_device", None) or model.device)
         if not on_jax:
             return kernelize(model, mode=mode, kernel_config=kernel_config, device_map=device_map)

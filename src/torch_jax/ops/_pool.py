@@ -14,6 +14,7 @@ from jax import lax
 from torch_jax.ops import _context
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
+from torch_jax.tensor import _storage
 
 
 def _expand(v, nd):
@@ -83,12 +84,7 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
     k, s, p, d, out = _pool_geometry(x, _expand(kernel_size, nd), stride, padding, dilation, ceil_mode)
     if int(np.prod(k)) <= _SCANNED_WINDOWS:
         return _max_pool_scan(x, k, s, p, d, out)
-    spatial = x.shape[-nd:]
-    plane = lax.broadcasted_iota(jnp.int64, spatial, 0) * 0
-    strides = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
-    for axis in range(nd):
-        plane = plane + lax.broadcasted_iota(jnp.int64, spatial, axis) * int(strides[axis])
-    idx = jnp.broadcast_to(plane, x.shape)
+    idx = _flat_plane(x.shape, nd)
     init = (jnp.asarray(_min_value(x.dtype), x.dtype), jnp.asarray(np.iinfo(np.int64).max, jnp.int64))
     vals, inds = lax.reduce_window((x, idx), init, _argmax_pair, **_window_args(x, k, s, p, d, out))
     return _crop(vals, out), _crop(inds, out)
@@ -114,7 +110,7 @@ def _max_pool_scan(x, k, s, p, d, out):
         return jnp.full(x.shape[:batch] + tuple(out), low), jnp.zeros(x.shape[:batch] + tuple(out), jnp.int64)
     pads = _window_args(x, k, s, p, d, out)["padding"]
     xp = lax.pad(x, low, [(lo, hi, 0) for lo, hi in pads])
-    flat = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
+    flat = _storage.contiguous_strides(spatial)
     steps = []  # per window offset: (slice of xp, inside the input, flat input index)
     for off in itertools.product(*(range(kn) for kn in k)):
         inside = np.ones(out, bool)
@@ -122,7 +118,7 @@ def _max_pool_scan(x, k, s, p, d, out):
         for a in range(nd):
             c = (np.arange(out[a]) * s[a] + off[a] * d[a] - p[a]).reshape([-1 if b == a else 1 for b in range(nd)])
             inside = inside & (c >= 0) & (c < spatial[a])
-            index = index + c * int(flat[a])
+            index = index + c * flat[a]
         start = [0] * batch + [o * dd for o, dd in zip(off, d)]
         limit = list(x.shape[:batch]) + [st + (o - 1) * ss + 1 for st, o, ss in zip(start[batch:], out, s)]
         steps.append((lax.slice(xp, start, limit, [1] * batch + list(s)), inside, index))
@@ -249,8 +245,8 @@ lower(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_backward(3))
 def _flat_plane(shape, nd):
     """Each element's flat index within its spatial plane (the last nd dims), as int64."""
     spatial = shape[-nd:]
-    strides = np.cumprod((1,) + tuple(reversed(spatial)))[::-1][1:]
-    plane = sum(lax.broadcasted_iota(jnp.int64, spatial, a) * int(strides[a]) for a in range(nd))
+    strides = _storage.contiguous_strides(spatial)
+    plane = sum(lax.broadcasted_iota(jnp.int64, spatial, a) * strides[a] for a in range(nd))
     return jnp.broadcast_to(plane, shape)
 
 
