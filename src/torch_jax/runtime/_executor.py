@@ -771,7 +771,7 @@ def _compile_op(jitted, dyn, index: int):
     computations] in runtime/_xla_options)."""
     lowered = jitted.lower(*dyn)
     outs = [o.shape for o in jax.tree.leaves(lowered.out_info)]
-    return lowered.compile(compiler_options=_xla_options.compile_options(index, dyn, outs))
+    return lowered.compile(compiler_options=_xla_options.compile_options(index, dyn, outs, lowered))
 
 
 class _Counting:

@@ -170,7 +170,7 @@ def _run(g: _Graph, reason: str) -> None:
             lowered = fn.lower(*g.inputs)
         # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
         made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
-        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made))
+        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made, lowered))
         if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
             for k in list(_compiled)[: len(_compiled) // 2]:
                 del _compiled[k]

@@ -1,5 +1,5 @@
-"""XLA compiler options per computation: cheap compilation of small computations on the
-CPU.
+"""XLA compiler options per computation on the CPU: cheap compilation of small
+computations, and which library runs convolutions.
 
 NOTE [Cheap compilation of small computations]: XLA:CPU compiles a computation in
 30-45 ms, nearly all of it fixed cost (LLVM's code generation, and the MLIR fusion
@@ -22,19 +22,57 @@ within the calls' overhead), and the fused GPT-2 step ran 3-8% slower.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
+
+import jax
 
 from torch_jax.device import _state as _devices
 
 SMALL_ELEMENTS = 1 << 14
 SMALL_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
+# NOTE [Convolutions on XLA:CPU]: XLA:CPU hands products, convolutions and reductions to
+# YNNPACK by default (its debug option xla_cpu_experimental_ynn_fusion_type lists
+# INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION and REDUCE in jax 0.10). For float32 (and
+# float16 and bfloat16, which XLA:CPU convolves in float32) its own Eigen convolution is
+# faster on this project's convolutions: forward and both backward convolutions of
+# ResNet-18's layers at 64x64 took 2.6-3.3 against 4.5-5.2 ms, its stem 9.1 against
+# 13.1 ms, a 3x3 convolution over 8x64x56x56 24.6 against 40.9 ms; grouped, depthwise,
+# dilated, 1-d, 3-d and input-dilated convolutions took the same within noise; the
+# fused ResNet-18 step 76-79 against 90-95 ms, strict 101-113 against 112-127 ms
+# (alternating processes). Eigen has no float64 convolution: XLA emits a plain loop,
+# 13x slower than YNNPACK's. So a computation with convolutions, none of them float64
+# or complex, keeps products and reductions on YNNPACK and leaves its convolutions to
+# XLA; any other keeps XLA's defaults. The values differ from YNNPACK's in rounding
+# only (relative 1e-6 in float32).
+CONV_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+_CONVOLUTION = re.compile(r"stablehlo\.convolution\(.*->\s*tensor<(?:[\d?]+x)*(\w+)>\s*$", re.M)  # (its element type)
+_EIGEN_CONVOLVES = {"f32", "f16", "bf16"}
 
-def compile_options(index: int, inputs, shapes) -> dict | None:
+
+def compile_options(index: int, inputs, shapes, lowered) -> dict | None:
     """The compiler options of a computation on jax:index with these inputs (arrays or
-    Python scalars) whose other arrays (outputs, a graph's op results) have these shapes
-    (None: XLA's defaults)."""
+    Python scalars) whose other arrays (outputs, a graph's op results) have these shapes,
+    lowered as `lowered` (None: XLA's defaults)."""
     if _devices.device(index).platform != "cpu":
         return None
     sizes = [math.prod(getattr(v, "shape", ())) for v in inputs] + [math.prod(s) for s in shapes]
-    return SMALL_OPTIONS if max(sizes, default=0) <= SMALL_ELEMENTS else None
+    if max(sizes, default=0) <= SMALL_ELEMENTS:
+        return SMALL_OPTIONS
+    dtypes = set(_CONVOLUTION.findall(lowered.as_text()))
+    if dtypes and dtypes <= _EIGEN_CONVOLVES and _conv_options_known():
+        return CONV_OPTIONS
+    return None
+
+
+@functools.cache
+def _conv_options_known() -> bool:
+    """Whether this jaxlib's XLA takes CONV_OPTIONS (an experimental option: a later one
+    may rename it or its values)."""
+    try:
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=CONV_OPTIONS)
+    except Exception:  # (XLA's INVALID_ARGUMENT for an unknown option or value)
+        return False
+    return True
