@@ -163,50 +163,6 @@ def test_small_computations_compile_cheaply(monkeypatch, strict_mode):
         assert compiled(lambda: torch.special.erfcx(big * 5 - 2).cpu()) == [None]
 
 
-
-def test_float32_convolutions_leave_ynnpack(monkeypatch, strict_mode):
-    """NOTE [Convolutions on XLA:CPU]: a computation with float32 (or float16/bfloat16)
-    convolutions runs them on XLA's own convolution, its products still on YNNPACK; a
-    float64 convolution keeps XLA's defaults (YNNPACK), as does a computation without
-    convolutions."""
-    import contextlib
-    import re
-
-    import jax
-    import pytest
-
-    from torch_jax.runtime import _xla_options
-
-    if jax.devices()[0].platform != "cpu":
-        pytest.skip("the options are XLA:CPU's")
-    seen = []
-    compile_ = jax.stages.Lowered.compile
-
-    def spy(self, compiler_options=None, **kwargs):
-        exe = compile_(self, compiler_options, **kwargs)
-        seen.append((compiler_options, exe.as_text()))
-        return exe
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
-    conv = _xla_options.CONV_OPTIONS
-    x = torch.randn(2, 64, 21, 19)  # (shapes no other test uses: these compile)
-    w = torch.randn(64, 64, 3, 3) / 24
-    for dtype, want in [(torch.float32, conv), (torch.bfloat16, conv), (torch.float64, None)]:
-        xd, wd = x.to(dtype), w.to(dtype)
-        for fused in (False, True):
-            seen.clear()
-            with torch_jax.fused() if fused else contextlib.nullcontext():
-                got = torch.nn.functional.conv2d(xd.to("jax"), wd.to("jax"), padding=1).cpu()
-            torch.testing.assert_close(got, torch.nn.functional.conv2d(xd, wd, padding=1))
-            [(options, text)] = [s for s in seen if re.search(r" convolution\(", s[1])]
-            assert options == want, (dtype, fused)
-            on_ynn = [n for n in re.findall(r"^  %(\S+) = .*? fusion\(", text, re.M) if n.startswith("ynn")]
-            assert bool(on_ynn) == (want is None), (dtype, fused, on_ynn)
-    seen.clear()
-    a = torch.randn(131, 129, device="jax")
-    (a @ a.t()).cpu()
-    assert seen and all(o is None for o, _ in seen)
-
 def test_arange_goes_straight_to_its_lowering():
     # NOTE [arange without its out= form] in ops/_factories
     from torch_jax.runtime._install import REGISTERED

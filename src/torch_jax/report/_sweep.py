@@ -158,6 +158,9 @@ TOLERANCE = {
     ("nn.functional.conv3d", torch.complex64): (1e-4, 1e-4),
     ("nn.functional.conv_transpose2d", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv2d", torch.float32): (1e-4, 1e-4),
+    # (sample 26, two groups: the CPU's complex64 result and ours are both ~7e-5 from the
+    # complex128 one at an element of 390, 2.2e-5 apart)
+    ("nn.functional.conv2d", torch.complex64): (1e-4, 1e-4),
 }
 
 
