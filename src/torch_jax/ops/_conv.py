@@ -76,16 +76,21 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 # NOTE [Grouped convolutions on XLA:CPU]: XLA:CPU has no grouped convolution. It expands
 # one into a dense convolution over all channels with a block-diagonal kernel (groups
 # times the work), and its weight gradient (a convolution with batch_group_count) much
-# worse: forward and both gradients of a depthwise 3x3 over 16x64x32x32 took 54 ms
-# (PyTorch's CPU 11 ms), of a 4-group 3x3 there 313 ms (PyTorch 4 ms), of Mamba's
-# depthwise 1-d convolution (kernel 4 over 8x256x512) 916 ms (PyTorch 8 ms). On the CPU
-# a grouped convolution is therefore written out:
+# worse. Forward, then input and weight gradient (each its own call, in ms; PyTorch's
+# CPU in brackets), before -> after writing them out as below:
+#   depthwise 3x3 over 16x64x32x32:  32 / 32 / 28 -> 2.8 / 1.3 / 3.5  (4.1 / 4.1 / 3.0)
+#   4 groups, 3x3 over 16x64x32x32:  8 / 330 / 332 -> 3.0 / 3.8 / 3.9  (1.3 / 1.3 / 1.2)
+#   ConvNeXt's depthwise 7x7, 8x96x32x32:  61 / 85 / 74 -> 1.5 / 2.3 / 10.7  (0.5 / 0.5 / 13.9)
+#   Mamba's depthwise 1-d, kernel 4, 8x256x512:  31 / 1056 / 992 -> 0.8 / 0.7 / 2.0  (0.3 / 0.2 / 7.8)
+# (a small HF ConvNeXt's training step: strict 95 -> 26-32 ms, fused 78 -> 40-49 ms).
+# On the CPU a grouped convolution is therefore written out:
 # - depthwise (one input channel a group, a kernel of at most _DEPTHWISE_TAPS taps): a
 #   sum over the kernel's taps of the strided input slice times that tap's weight per
-#   channel, which XLA fuses into one loop; the same three cases took 13, -, 2.3 ms,
-#   the forward alone 0.4 ms where XLA's expansion took 20-26 ms;
-# - at most _SPLIT_GROUPS groups: one dense convolution a group, concatenated (the
-#   4-group case 8 ms, 32 groups of 4 channels 8 against 862 ms);
+#   channel, which XLA fuses into one loop, with its transpose written the same way; its
+#   weight gradient is one reduction a tap (one small dense convolution a channel, the
+#   batch as features, took 3.2 against 40 ms alone for ConvNeXt's, but its hundreds of
+#   convolutions made the whole step no faster);
+# - at most _SPLIT_GROUPS groups: one dense convolution a group, concatenated;
 # - otherwise XLA's own. Other platforms have grouped convolutions of their own.
 _DEPTHWISE_TAPS = 64
 _SPLIT_GROUPS = 32
