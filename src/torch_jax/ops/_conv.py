@@ -1,6 +1,7 @@
 """Convolutions (1d/2d/3d, strided, dilated, grouped, transposed), with their backward
 ops (pooling is in _pool). Backward convolutions are the JAX transposes of the forward
-(``jax.vjp``), which XLA lowers to its own backward convolutions."""
+(``jax.vjp``), which XLA lowers to its own backward convolutions; grouped ones on the
+CPU are written out (NOTE [Grouped convolutions on XLA:CPU])."""
 
 from __future__ import annotations
 

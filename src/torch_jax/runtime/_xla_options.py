@@ -38,15 +38,16 @@ SMALL_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization
 # INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION and REDUCE in jax 0.10). For float32 (and
 # float16 and bfloat16, which XLA:CPU convolves in float32) its own Eigen convolution is
 # faster on this project's convolutions: forward and both backward convolutions of
-# ResNet-18's layers at 64x64 took 2.6-3.3 against 4.5-5.2 ms, its stem 9.1 against
-# 13.1 ms, a 3x3 convolution over 8x64x56x56 24.6 against 40.9 ms; grouped, depthwise,
-# dilated, 1-d, 3-d and input-dilated convolutions took the same within noise; the
-# fused ResNet-18 step 76-79 against 90-95 ms, strict 101-113 against 112-127 ms
-# (alternating processes). Eigen has no float64 convolution: XLA emits a plain loop,
-# 13x slower than YNNPACK's. So a computation with convolutions, none of them float64
-# or complex, keeps products and reductions on YNNPACK and leaves its convolutions to
-# XLA; any other keeps XLA's defaults. The values differ from YNNPACK's in rounding
-# only (relative 1e-6 in float32).
+# ResNet-18's layers at 64x64 took 2.6-3.3 against 4.5-5.2 ms, its stem 9.1 against 13.1
+# ms, a 3x3 convolution over 8x64x56x56 24.6 against 40.9 ms; grouped, depthwise,
+# dilated, 1-d, 3-d and input-dilated convolutions (as XLA runs them) took the same
+# within noise; the fused ResNet-18 step 76-79 against 90-95 ms, strict 101-113 against
+# 112-127 ms (alternating processes). Eigen has no float64 convolution: XLA emits a
+# plain loop, 13x slower than YNNPACK's. So a computation with convolutions, none of
+# them float64 (jax writes a complex64 one as float32 ones), keeps products and
+# reductions on YNNPACK and leaves its convolutions to XLA; any other keeps XLA's
+# defaults. The values differ from YNNPACK's in rounding only (relative 1e-6 in
+# float32).
 CONV_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 _CONVOLUTION = re.compile(r"stablehlo\.convolution\(.*->\s*tensor<(?:[\d?]+x)*(\w+)>\s*$", re.M)  # (its element type)
 _EIGEN_CONVOLVES = {"f32", "f16", "bf16"}
