@@ -98,12 +98,33 @@ def _resnet():
     )
 
 
-MODELS = {"gpt2": _gpt2, "llama": _llama, "bert": _bert, "t5": _t5, "vit": _vit, "resnet": _resnet}
+def _convnext():  # (depthwise 7x7 convolutions: NOTE [Grouped convolutions on XLA:CPU])
+    return transformers.ConvNextForImageClassification(
+        transformers.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=5, image_size=32)
+    )
+
+
+def _mamba():  # (a depthwise 1-d convolution a layer)
+    return transformers.MambaForCausalLM(
+        transformers.MambaConfig(num_hidden_layers=2, hidden_size=32, state_size=8, vocab_size=VOCAB)
+    )
+
+
+MODELS = {
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "bert": _bert,
+    "t5": _t5,
+    "vit": _vit,
+    "resnet": _resnet,
+    "convnext": _convnext,
+    "mamba": _mamba,
+}
 
 
 def _batch(name, device):
     g = torch.Generator().manual_seed(0)
-    if name in ("gpt2", "llama", "bert"):
+    if name in ("gpt2", "llama", "bert", "mamba"):
         ids = torch.randint(0, VOCAB, (2, 16), generator=g)
         batch = {"input_ids": ids, "labels": ids}
     elif name == "t5":
