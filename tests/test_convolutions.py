@@ -100,7 +100,7 @@ def test_grouped_convolutions_are_written_out_on_the_cpu():
         for fn in (fwd, grads):
             text = jax.jit(fn).lower(x, w).compile().as_text()
             convolutions = re.findall(r"\bconvolution\((.*)$", text, re.M)
-            assert not [c for c in convolutions if re.search(r"(feature|batch)_group_count=", c)], text
+            assert not [cv for cv in convolutions if re.search(r"(feature|batch)_group_count=", cv)], text
             if fn is fwd:
                 assert len(convolutions) == dense, convolutions
 
