@@ -190,12 +190,7 @@ def _patches_conv(x, w, stride, padding, dilation, precision, acc):
     k = w.shape[2:]
     out = _out_sizes(x.shape[2:], k, stride, padding, dilation)
     xp = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
-    taps = []
-    for offs in itertools.product(*(range(kk) for kk in k)):
-        start = [0, 0] + [o * d for o, d in zip(offs, dilation)]
-        limit = list(xp.shape[:2]) + [st + (n - 1) * s + 1 for st, n, s in zip(start[2:], out, stride)]
-        taps.append(lax.slice(xp, start, limit, [1, 1] + list(stride)))
-    cols = jnp.stack(taps, axis=2)  # (N, C, K, out...)
+    cols = jnp.stack([tap for _, tap in _taps(xp, k, stride, dilation, out)], axis=2)  # (N, C, K, out...)
     wk = w.reshape(w.shape[:2] + (-1,))  # (O, C, K)
     sp = "".join(chr(ord("a") + i) for i in range(nd))
     return jnp.einsum(f"nck{sp},ock->no{sp}", cols, wk, precision=precision, preferred_element_type=acc)
