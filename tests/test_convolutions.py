@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 
 import jax
 import pytest
@@ -103,6 +104,46 @@ def test_grouped_convolutions_are_written_out_on_the_cpu():
             assert not [cv for cv in convolutions if re.search(r"(feature|batch)_group_count=", cv)], text
             if fn is fwd:
                 assert len(convolutions) == dense, convolutions
+
+
+def _fusions_with_tap_sums(fn, *args, taps):
+    """How many fusions of fn's XLA:CPU program hold a sum over `taps` kernel taps (at
+    least that many strided slices and products)."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    bodies = re.findall(r"^%fused_computation\S* .*?^}", text, re.M | re.S)
+    return sum(1 for b in bodies if min(b.count(" slice("), b.count(" multiply(")) >= taps)
+
+
+def test_depthwise_sums_are_computed_once_in_a_graph():
+    """NOTE [Fusion barriers on XLA:CPU]: where a depthwise convolution's output, or its
+    input gradient, has several readers in one computation (as in a fused graph), its
+    sum over taps runs in one fusion, not inside each reader's."""
+    from jax import lax
+
+    from torch_jax.ops import _conv
+    from torch_jax.runtime import _fusion_barrier
+
+    _cpu_only()
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler: no fusion barriers")
+    assert _fusion_barrier.status() == "ok"
+    x, w = jax.numpy.ones((2, 8, 12, 12)), jax.numpy.ones((8, 1, 5, 5))
+
+    def readers(y):  # (ConvNeXt's: to channels-last, then LayerNorm)
+        z = jax.numpy.transpose(y, (0, 2, 3, 1))
+        m = z.mean(-1, keepdims=True)
+        return (z - m) * lax.rsqrt(((z - m) ** 2).mean(-1, keepdims=True) + 1e-6), z * 2
+
+    def fwd(x, w):
+        return readers(_conv.conv(x, w, [1], [2], [1], False, [0], 8))
+
+    def input_grad(x, w):
+        y, vjp = jax.vjp(lambda x: _conv.conv(x, w, [1], [2], [1], False, [0], 8), x)
+        (gx,) = vjp(y)
+        return readers(gx)
+
+    assert _fusions_with_tap_sums(fwd, x, w, taps=25) == 1
+    assert _fusions_with_tap_sums(input_grad, x, w, taps=25) == 2  # (the forward's sum, then gx's)
 
 
 def test_convolution_backward_computes_what_is_asked():

@@ -155,17 +155,23 @@ def test_where_xla_computes_the_product():
 
 
 def test_without_a_compiler_products_use_xla(tmp_path):
+    """And depthwise convolutions run without fusion barriers (runtime/_fusion_barrier)."""
     script = textwrap.dedent(
         """
         import torch, torch_jax
-        from torch_jax.runtime import _cpu_blas
+        from torch_jax.runtime import _cpu_blas, _fusion_barrier
         a, b = torch.randn(20, 30), torch.randn(30, 10)
+        x, w = torch.randn(2, 4, 9, 9), torch.randn(4, 1, 3, 3)
         with torch_jax.fused():
             torch.testing.assert_close(torch.mm(a.to("jax"), b.to("jax")).cpu(), a @ b)
+            got = torch.nn.functional.conv2d(x.to("jax"), w.to("jax"), groups=4).cpu()
+            torch.testing.assert_close(got, torch.nn.functional.conv2d(x, w, groups=4))
         print(_cpu_blas.status())
+        print(_fusion_barrier.status())
         """
     )
     env = dict(os.environ, CXX="/bin/false", TORCH_JAX_CACHE_DIR=str(tmp_path), TORCH_JAX_CPU_BLAS="1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "building the BLAS handler failed" in done.stdout
+    assert "building cpu_gemm.cc failed" in done.stdout
+    assert "building fusion_barrier.cc failed" in done.stdout

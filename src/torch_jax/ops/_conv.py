@@ -17,6 +17,7 @@ from jax import lax
 from torch_jax.ops._matmul import _PRECISION
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
+from torch_jax.runtime import _fusion_barrier
 
 _SPATIAL = "DHW"
 
@@ -83,11 +84,14 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 #   4 groups, 3x3 over 16x64x32x32:  8 / 330 / 332 -> 3.0 / 3.8 / 3.9  (1.3 / 1.3 / 1.2)
 #   ConvNeXt's depthwise 7x7, 8x96x32x32:  61 / 85 / 74 -> 1.5 / 2.3 / 10.7  (0.5 / 0.5 / 13.9)
 #   Mamba's depthwise 1-d, kernel 4, 8x256x512:  31 / 1056 / 992 -> 0.8 / 0.7 / 2.0  (0.3 / 0.2 / 7.8)
-# (a small HF ConvNeXt's training step: strict 95 -> 26-32 ms, fused 78 -> 40-49 ms).
+# (a small HF ConvNeXt's training step: strict 95 -> 26-32 ms, fused 78 -> 40-49 ms, and
+# 36-41 -> 26-31 ms once the sums below ended in fusion barriers).
 # On the CPU a grouped convolution is therefore written out:
 # - depthwise (one input channel a group, a kernel of at most _DEPTHWISE_TAPS taps): a
 #   sum over the kernel's taps of the strided input slice times that tap's weight per
-#   channel, which XLA fuses into one loop, with its transpose written the same way; its
+#   channel, which XLA fuses into one loop, with its transpose written the same way
+#   (each sum ends in a fusion barrier, NOTE [Fusion barriers on XLA:CPU] in
+#   runtime/_fusion_barrier, or a fused graph recomputes it in each reader); its
 #   weight gradient is one reduction a tap (one small dense convolution a channel, the
 #   batch as features, took 3.2 against 40 ms alone for ConvNeXt's, but its hundreds of
 #   convolutions made the whole step no faster);
@@ -130,7 +134,7 @@ def _tap_sum(xp, w, strides, dilation):
     for offs, tap in _taps(xp, k, strides, dilation, out):
         term = tap[:, :, None] * w[(...,) + offs].reshape(w.shape[:2] + (1,) * nd)
         y = term if y is None else y + term
-    return y
+    return _fusion_barrier.barrier(y)
 
 
 def _tap_sum_fwd(xp, w, strides, dilation):
@@ -157,7 +161,7 @@ def _tap_sum_bwd(strides, dilation, res, gy):
         gxp = term if gxp is None else gxp + term
     axes = (0,) + tuple(range(3, 3 + nd))
     gw = [jnp.sum(tap[:, :, None] * gy, axis=axes) for _, tap in _taps(xp, k, strides, dilation, out)]
-    return gxp, jnp.stack(gw, axis=-1).reshape(w.shape)
+    return _fusion_barrier.barrier(gxp), jnp.stack(gw, axis=-1).reshape(w.shape)
 
 
 _tap_sum.defvjp(_tap_sum_fwd, _tap_sum_bwd)

@@ -95,28 +95,35 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_jax"
 
 
-def _build() -> Path:
+def build(source: Path, targets) -> ctypes.CDLL:
+    """Compile an FFI source of csrc/ (once, into the cache directory), load it and
+    register its handlers ``targets`` (symbol names) with XLA:CPU under those names."""
     include = jax.ffi.include_dir()
-    key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode() + include.encode()).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_gemm-{key}.so"
-    if out.exists():
-        return out
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler:
-        raise RuntimeError("no C++ compiler (c++, g++ or $CXX) to build the BLAS handler")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # (built aside, renamed: processes may race)
-    os.close(fd)
-    try:
-        cmd = [compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(_SOURCE), "-o", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"building the BLAS handler failed: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    key = hashlib.sha256(source.read_bytes() + jaxlib.__version__.encode() + include.encode()).hexdigest()[:16]
+    out = _cache_dir() / f"{source.stem}-{key}.so"
+    if not out.exists():
+        compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        if not compiler:
+            raise RuntimeError(f"no C++ compiler (c++, g++ or $CXX) to build {source.name}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # (built aside, renamed: processes may race)
+        os.close(fd)
+        try:
+            cmd = [compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(source), "-o", tmp]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                raise RuntimeError(f"building {source.name} failed: {done.stderr.strip()[-500:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    for target in targets:
+        # (the capsule as jax.ffi.pycapsule makes it, without resetting the argtypes of
+        # the process's one ctypes.pythonapi.PyCapsule_New as that does)
+        handler = ctypes.cast(getattr(lib, target), ctypes.c_void_p).value
+        jax.ffi.register_ffi_target(target, _storage.capsule_new(handler, None, None), platform="cpu")
+    return lib
 
 
 def _load() -> bool:
@@ -139,13 +146,8 @@ def _load() -> bool:
                 raise RuntimeError(
                     "this torch build exports no MKL (sgemm_, dgemm_, MKL_Set_Num_Threads_Local)"
                 ) from None
-            lib = ctypes.CDLL(str(_build()))
+            lib = build(_SOURCE, _TARGETS.values())
             lib.tj_set_blas(*(ctypes.cast(f, ctypes.c_void_p) for f in fns))
-            for target in _TARGETS.values():
-                # (the capsule as jax.ffi.pycapsule makes it, without resetting the argtypes of
-                # the process's one ctypes.pythonapi.PyCapsule_New as that does)
-                handler = ctypes.cast(getattr(lib, target), ctypes.c_void_p).value
-                jax.ffi.register_ffi_target(target, _storage.capsule_new(handler, None, None), platform="cpu")
             _library = lib
             _status = "ok"
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
