@@ -146,6 +146,46 @@ def test_depthwise_sums_are_computed_once_in_a_graph():
     assert _fusions_with_tap_sums(input_grad, x, w, taps=25) == 2  # (the forward's sum, then gx's)
 
 
+# (size, kernel, padding, stride, dilation, groups): an output longer than the input
+# (wav2vec2's even kernel padded by half), a kernel longer than input and output, strided
+_SWAPPED = [
+    ((12,), (8,), 4, 1, 1, 1),
+    ((12,), (8,), 4, 1, 1, 4),
+    ((12, 9), (8, 4), [4, 2], 1, 1, 1),
+    ((6,), (8,), 4, 1, 1, 1),
+    ((5, 6), (7, 7), 3, 1, 1, 2),
+    ((9,), (5,), 4, 2, 2, 1),
+]
+
+
+@pytest.mark.parametrize("size, k, padding, stride, dilation, groups", _SWAPPED, ids=str)
+def test_convolutions_xla_would_swap(size, k, padding, stride, dilation, groups):
+    """NOTE [Convolutions XLA would swap] in ops/_conv: convolutions whose kernel (or whose
+    gradients' kernels) outsize their input give the CPU's results and gradients, and
+    XLA:CPU's programs for them have no reversed window (its slow loop nest)."""
+    from torch_jax.ops import _conv
+
+    nd = len(size)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((2, 8) + size, generator=g, dtype=torch.float64)
+    w = torch.randn((8, 8 // groups) + k, generator=g, dtype=torch.float64)
+    kwargs = dict(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    _compare(_CONV[nd], x, w, **kwargs)
+
+    _cpu_only()
+    xj, wj = jax.numpy.asarray(x.numpy()), jax.numpy.asarray(w.numpy())
+    args = ([stride], [padding] if isinstance(padding, int) else padding, [dilation], False, [0], groups)
+    y = _conv.conv(xj, wj, *args)
+    text = jax.jit(lambda x, w: _conv.conv(x, w, *args)).lower(xj, wj).compile().as_text()
+    for mask in ([True, False, False], [False, True, False]):
+
+        def grad(gy, x, w, mask=mask):
+            return [r for r in _conv.convolution_backward_overrideable(gy, x, w, *args, mask) if r is not None]
+
+        text += jax.jit(grad).lower(y, xj, wj).compile().as_text()
+    assert "rhs_reversal=1" not in text
+
+
 def test_convolution_backward_computes_what_is_asked():
     """The gradients not in output_mask come back undefined, as on the CPU."""
     aten = torch.ops.aten

@@ -53,6 +53,10 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     acc = jnp.float32 if x.dtype in _LOW else None
     if not transposed and groups == 1 and _tiny_output(x.shape[2:], w.shape[2:], stride, padding, dilation):
         return _patches_conv(x, w, stride, padding, dilation, precision, acc).astype(x.dtype)
+    if math.prod(rhs.shape[2:]) > math.prod(lhs.shape[2:]):  # (NOTE [Convolutions XLA would swap])
+        config = [(lo, hi, d - 1) for (lo, hi), d in zip(pads, lhs_dilation or [1] * nd)]
+        lhs = lax.pad(lhs, jnp.zeros((), lhs.dtype), [(0, 0, 0)] * 2 + config)
+        pads, lhs_dilation = [(0, 0)] * nd, None
     native = functools.partial(
         lax.conv_general_dilated,
         window_strides=window_strides,
@@ -212,11 +216,43 @@ def convolution_overrideable(x, w, bias, stride, padding, dilation, transposed, 
 def convolution_backward_overrideable(
     g, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask
 ):
-    def f(x_, w_):
-        return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
+    gy = g.astype(x.dtype)
 
-    _, vjp = jax.vjp(f, x, w)
-    gx, gw = vjp(g.astype(x.dtype))
-    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))).astype(g.dtype)
+    def conv_of(x_, w_, padding_=padding):
+        return conv(x_, w_, stride, padding_, dilation, transposed, output_padding, groups)
+
+    def grad(operand, of):
+        return jax.vjp(of, operand)[1](gy)[0]
+
+    # NOTE [Convolutions XLA would swap]: where a convolution's kernel is larger than its
+    # input (their spatial sizes' products), XLA swaps the two operands and reverses the
+    # window, and XLA:CPU runs a reversed window on its generic loop nest (about 5
+    # GFLOP/s). jax's gradients are such convolutions whenever the output is longer than
+    # the input (the weight gradient's kernel is gy: wav2vec2's even kernel of 128 with
+    # padding 64) or shorter than the kernel (the input gradient's input is gy). One of
+    # wav2vec2's 16 groups (2x48x200) took 41-44 ms for its weight gradient, 0.8 ms
+    # with x padded first (its positional convolution, forward and backward: 690 ->
+    # 42 ms, PyTorch's CPU 72 ms). So such a weight gradient is taken with x padded
+    # first, such an input gradient is the transposed convolution of gy (which conv
+    # pads first), and conv pads its input first where its kernel is the larger.
+    nd = x.ndim - 2
+    stride, pads, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
+    size, k = x.shape[2:], w.shape[2:]
+    out = gy.shape[2:]
     # (the gradients not asked for are undefined, as on the CPU, and not computed)
-    return tuple(r if wanted else None for r, wanted in zip((gx, gw, gb), output_mask))
+    gx = gw = None
+    if output_mask[0]:
+        if not transposed and math.prod(k) > math.prod(out):
+            spans = [(o - 1) * s - 2 * p + d * (kk - 1) + 1 for o, s, p, d, kk in zip(out, stride, pads, dilation, k)]
+            extra = [n - span for n, span in zip(size, spans)]
+            gx = conv(gy, w, stride, pads, dilation, True, extra, groups)
+        else:
+            gx = grad(x, lambda x_: conv_of(x_, w))
+    if output_mask[1]:
+        if not transposed and math.prod(out) > math.prod(size):
+            xp = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pads])
+            gw = grad(w, lambda w_: conv_of(xp, w_, [0]))
+        else:
+            gw = grad(w, lambda w_: conv_of(x, w_))
+    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))).astype(g.dtype) if output_mask[2] else None
+    return gx, gw, gb
