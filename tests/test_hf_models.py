@@ -110,6 +110,30 @@ def _mamba():  # (a depthwise 1-d convolution a layer)
     )
 
 
+def _wav2vec2():  # (its positional convolution: an even kernel padded by half, 4 groups)
+    return transformers.Wav2Vec2ForSequenceClassification(
+        transformers.Wav2Vec2Config(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            conv_dim=(16, 16),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            num_labels=5,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            feat_proj_dropout=0.0,
+            final_dropout=0.0,
+            layerdrop=0.0,
+            mask_time_prob=0.0,
+        )
+    )
+
+
 MODELS = {
     "gpt2": _gpt2,
     "llama": _llama,
@@ -119,6 +143,7 @@ MODELS = {
     "resnet": _resnet,
     "convnext": _convnext,
     "mamba": _mamba,
+    "wav2vec2": _wav2vec2,
 }
 
 
@@ -131,6 +156,11 @@ def _batch(name, device):
         batch = {
             "input_ids": torch.randint(0, VOCAB, (2, 12), generator=g),
             "labels": torch.randint(0, VOCAB, (2, 8), generator=g),
+        }
+    elif name == "wav2vec2":
+        batch = {
+            "input_values": torch.randn(2, 1600, generator=g),
+            "labels": torch.randint(0, 5, (2,), generator=g),
         }
     else:
         batch = {

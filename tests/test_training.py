@@ -85,3 +85,23 @@ def test_dropout_is_random_but_scaled():
     assert abs(kept - 0.7) < 0.02
     assert torch.allclose(y[y != 0].cpu(), torch.tensor(1 / 0.7))
     assert torch.equal(F.dropout(x, p=0.3, training=False).cpu(), x.cpu())
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_weight_norm_matches_cpu(dim, dtype):
+    """weight_norm's fused op (_weight_norm_interface, dim 0 or the last) and its
+    backward, and the composite path of other dims: output and gradients as on the CPU."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    torch.manual_seed(0)
+    cpu = weight_norm(torch.nn.Conv1d(4, 6, 3).to(dtype), dim=dim)
+    dev = copy.deepcopy(cpu).to("jax")
+    x = torch.randn(2, 4, 9, dtype=dtype)
+    y = cpu(x)
+    y.square().sum().backward()
+    y_dev = dev(x.to("jax"))
+    y_dev.square().sum().backward()
+    torch.testing.assert_close(y_dev.cpu(), y.detach())
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=name)
