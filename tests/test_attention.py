@@ -80,6 +80,12 @@ def test_masks():
     cpu = _inputs()
     got = F.scaled_dot_product_attention(*(t.to("jax") for t in cpu), attn_mask=keep.to("jax"))
     assert_same(got, F.scaled_dot_product_attention(*cpu, attn_mask=keep), atol=1e-5, rtol=1e-4)
+    # the gradients under a boolean mask, also of keys and values expanded over the heads
+    # (Falcon's multi-query attention) and of grouped-query heads
+    _check({}, mask=keep)
+    q, k, v = _inputs(kv_shape=(B, 1, S, E))
+    _check({}, [q, k.expand(B, H, S, E), v.expand(B, H, S, E)], mask=keep)
+    _check({"enable_gqa": True}, _inputs((B, 4, L, E), (B, 2, S, E)), mask=keep)
     # an additive float mask, broadcast over heads, with its own gradient
     _check({}, mask=torch.randn(B, 1, L, S, generator=g))
     # and masks with fewer dims, broadcast over batch (and heads, and query rows)

@@ -167,3 +167,23 @@ def test_randperm_out_resizes_silently():
             warnings.simplefilter("error")
             torch.randperm(5, out=out)
         assert out.shape == (5,) and sorted(out.cpu().tolist()) == list(range(5))
+
+
+def test_a_failing_lowering_of_an_op_for_privateuse1_only_is_reported_as_ours(monkeypatch):
+    """An op that exists for PrivateUse1 backends only has no CPU kernel to replay: when
+    its lowering fails, the error says torch_jax failed (with JAX's reason), not the
+    CPU's "not implemented" (which hid a wrong mask-gradient shape in attention)."""
+    import dataclasses
+
+    from torch_jax.runtime import _executor
+
+    q = torch.randn(1, 2, 3, 4, device="jax", requires_grad=True)  # (the device installs its ops)
+    spec = _executor.SPECS[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default]
+
+    def broken(*args, **kwargs):
+        raise ValueError("broken on purpose")
+
+    monkeypatch.setattr(spec, "lowering", dataclasses.replace(spec.lowering, fn=broken))
+    monkeypatch.setattr(spec, "cache", {})
+    with pytest.raises(RuntimeError, match="torch_jax bug"):
+        F.scaled_dot_product_attention(q, q, q).sum().backward()

@@ -110,6 +110,12 @@ def _mamba():  # (a depthwise 1-d convolution a layer)
     )
 
 
+def _falcon():  # (multi-query attention: keys and values expanded over the heads, a boolean mask)
+    return transformers.FalconForCausalLM(
+        transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB)
+    )
+
+
 def _wav2vec2():  # (its positional convolution: an even kernel padded by half, 4 groups)
     return transformers.Wav2Vec2ForSequenceClassification(
         transformers.Wav2Vec2Config(
@@ -143,13 +149,14 @@ MODELS = {
     "resnet": _resnet,
     "convnext": _convnext,
     "mamba": _mamba,
+    "falcon": _falcon,
     "wav2vec2": _wav2vec2,
 }
 
 
 def _batch(name, device):
     g = torch.Generator().manual_seed(0)
-    if name in ("gpt2", "llama", "bert", "mamba"):
+    if name in ("gpt2", "llama", "bert", "mamba", "falcon"):
         ids = torch.randint(0, VOCAB, (2, 16), generator=g)
         batch = {"input_ids": ids, "labels": ids}
     elif name == "t5":

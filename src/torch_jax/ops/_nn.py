@@ -593,8 +593,14 @@ def _sdpa_backward(g, q, k, v, bias, has_bias, logsumexp, dropout_p, is_causal, 
         )
         gb = jnp.sum(ds, axis=summed).reshape(bias.shape).astype(bias.dtype)
     else:
-        gb = jnp.zeros((0,), q.dtype)
+        gb = _no_bias_grad(bias, q)
     return gq.astype(q.dtype), gk.astype(k.dtype), gv.astype(v.dtype), gb
+
+
+def _no_bias_grad(bias, q):
+    """The mask's gradient slot when it has none: a boolean mask's is a tensor of its
+    shape and dtype (what the op's Meta kernel gives; autograd drops it)."""
+    return jnp.zeros((0,), q.dtype) if bias is None else jnp.zeros(bias.shape, bias.dtype)
 
 
 def _sdpa_backward_by_vjp(g, q, k, v, bias, has_bias, dropout_p, is_causal, scale, key):
@@ -605,7 +611,7 @@ def _sdpa_backward_by_vjp(g, q, k, v, bias, has_bias, dropout_p, is_causal, scal
     _, vjp = jax.vjp(f, q, k, v, b0)
     gq, gk, gv, gb = vjp(g.astype(q.dtype))
     if not has_bias:
-        gb = jnp.zeros((0,), q.dtype)
+        gb = _no_bias_grad(bias, q)
     return gq, gk, gv, gb
 
 
