@@ -234,6 +234,193 @@ def test_greedy_generate_is_identical_to_cpu(name):
     assert torch.equal(got.cpu(), expected)
 
 
+def _more_architectures():
+    """Builders of more architectures (one of each family of ops: relative and ALiBi
+    attention, windowed and pooled attention, depthwise and grouped convolutions, fold
+    and unfold, encoder-decoders, audio and time series) and their batch kinds."""
+    t = transformers
+    lm = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB)
+    vision = dict(image_size=32, num_labels=5)
+    return {
+        "mistral": (lambda: t.MistralForCausalLM(t.MistralConfig(**lm, num_key_value_heads=2)), "text"),
+        "bloom": (
+            lambda: t.BloomForCausalLM(t.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=VOCAB)),
+            "text",
+        ),
+        "xlnet": (
+            lambda: t.XLNetLMHeadModel(t.XLNetConfig(d_model=32, n_layer=2, n_head=4, d_inner=64, vocab_size=VOCAB)),
+            "text",
+        ),
+        "deberta_v2": (lambda: t.DebertaV2ForSequenceClassification(t.DebertaV2Config(**lm, num_labels=3)), "class"),
+        "funnel": (
+            lambda: t.FunnelForSequenceClassification(
+                t.FunnelConfig(
+                    d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1], vocab_size=VOCAB, num_labels=3
+                )
+            ),
+            "class",
+        ),
+        "canine": (
+            lambda: t.CanineForSequenceClassification(
+                t.CanineConfig(
+                    hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, num_labels=3
+                )
+            ),
+            "class",
+        ),
+        "bart": (
+            lambda: t.BartForConditionalGeneration(
+                t.BartConfig(
+                    d_model=32,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=4,
+                    decoder_attention_heads=4,
+                    encoder_ffn_dim=64,
+                    decoder_ffn_dim=64,
+                    vocab_size=VOCAB,
+                    max_position_embeddings=64,
+                )
+            ),
+            "seq2seq",
+        ),
+        "swin": (
+            lambda: t.SwinForImageClassification(
+                t.SwinConfig(**vision, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)
+            ),
+            "image",
+        ),
+        "levit": (
+            lambda: t.LevitForImageClassification(
+                t.LevitConfig(
+                    **vision,
+                    hidden_sizes=[32, 48, 64],
+                    num_attention_heads=[1, 2, 2],
+                    depths=[1, 1, 1],
+                    key_dim=[8, 8, 8],
+                )
+            ),
+            "image",
+        ),
+        "segformer": (
+            lambda: t.SegformerForImageClassification(
+                t.SegformerConfig(
+                    **vision,
+                    num_encoder_blocks=2,
+                    depths=[1, 1],
+                    sr_ratios=[2, 1],
+                    hidden_sizes=[16, 32],
+                    num_attention_heads=[1, 2],
+                )
+            ),
+            "image",
+        ),
+        "mobilenet_v2": (
+            lambda: t.MobileNetV2ForImageClassification(t.MobileNetV2Config(**vision, depth_multiplier=0.25)),
+            "image",
+        ),
+        "regnet": (
+            lambda: t.RegNetForImageClassification(
+                t.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8, num_labels=5)
+            ),
+            "image",
+        ),
+        "mobilevit": (
+            lambda: t.MobileViTForImageClassification(
+                t.MobileViTConfig(**vision, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])
+            ),
+            "image",
+        ),
+        "whisper": (
+            lambda: t.WhisperForConditionalGeneration(
+                t.WhisperConfig(
+                    d_model=32,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=4,
+                    decoder_attention_heads=4,
+                    encoder_ffn_dim=64,
+                    decoder_ffn_dim=64,
+                    vocab_size=VOCAB,
+                    num_mel_bins=16,
+                    max_source_positions=32,
+                    max_target_positions=32,
+                    decoder_start_token_id=1,
+                    pad_token_id=0,
+                )
+            ),
+            "speech",
+        ),
+        "patchtst": (
+            lambda: t.PatchTSTForPrediction(
+                t.PatchTSTConfig(
+                    num_input_channels=3,
+                    context_length=32,
+                    prediction_length=8,
+                    patch_length=8,
+                    patch_stride=8,
+                    d_model=16,
+                    num_attention_heads=2,
+                    num_hidden_layers=1,
+                    ffn_dim=32,
+                )
+            ),
+            "series",
+        ),
+    }
+
+
+def _more_batch(kind):
+    g = torch.Generator().manual_seed(0)
+    if kind == "text":
+        ids = torch.randint(0, VOCAB, (2, 12), generator=g)
+        return {"input_ids": ids, "labels": ids}
+    if kind == "class":
+        return {
+            "input_ids": torch.randint(0, VOCAB, (2, 12), generator=g),
+            "labels": torch.randint(0, 3, (2,), generator=g),
+        }
+    if kind == "seq2seq":
+        return {
+            "input_ids": torch.randint(0, VOCAB, (2, 10), generator=g),
+            "labels": torch.randint(0, VOCAB, (2, 6), generator=g),
+        }
+    if kind == "image":
+        return {
+            "pixel_values": torch.randn(2, 3, 32, 32, generator=g),
+            "labels": torch.randint(0, 5, (2,), generator=g),
+        }
+    if kind == "speech":
+        return {
+            "input_features": torch.randn(2, 16, 64, generator=g),
+            "labels": torch.randint(0, VOCAB, (2, 6), generator=g),
+        }
+    return {"past_values": torch.randn(2, 32, 3, generator=g), "future_values": torch.randn(2, 8, 3, generator=g)}
+
+
+MORE = _more_architectures()
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_architectures_loss_and_gradients_match_cpu(name):
+    """In eval mode (no dropout, batch norm's running statistics): the loss and every
+    parameter's gradient, with the CPU fallback an error."""
+    make, kind = MORE[name]
+    torch.manual_seed(0)
+    cpu = make().eval()
+    dev = copy.deepcopy(cpu).to("jax")
+    batch = _more_batch(kind)
+    loss = cpu(**batch).loss
+    loss.backward()
+    loss_dev = dev(**{k: v.to("jax") for k, v in batch.items()}).loss
+    loss_dev.backward()
+    torch.testing.assert_close(loss_dev.cpu(), loss.detach(), rtol=1e-4, atol=1e-4)
+    for (pname, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert (p.grad is None) == (q.grad is None), pname
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=pname)
+
+
 def test_from_pretrained_with_device_map_jax(tmp_path):
     cpu, _ = _pair("gpt2")
     cpu.save_pretrained(tmp_path)
