@@ -241,6 +241,16 @@ def _more_architectures():
     t = transformers
     lm = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB)
     vision = dict(image_size=32, num_labels=5)
+    enc_dec = dict(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        vocab_size=VOCAB,
+    )
     return {
         "mistral": (lambda: t.MistralForCausalLM(t.MistralConfig(**lm, num_key_value_heads=2)), "text"),
         "bloom": (
@@ -269,19 +279,7 @@ def _more_architectures():
             "class",
         ),
         "bart": (
-            lambda: t.BartForConditionalGeneration(
-                t.BartConfig(
-                    d_model=32,
-                    encoder_layers=1,
-                    decoder_layers=1,
-                    encoder_attention_heads=4,
-                    decoder_attention_heads=4,
-                    encoder_ffn_dim=64,
-                    decoder_ffn_dim=64,
-                    vocab_size=VOCAB,
-                    max_position_embeddings=64,
-                )
-            ),
+            lambda: t.BartForConditionalGeneration(t.BartConfig(**enc_dec, max_position_embeddings=64)),
             "seq2seq",
         ),
         "swin": (
@@ -334,14 +332,7 @@ def _more_architectures():
         "whisper": (
             lambda: t.WhisperForConditionalGeneration(
                 t.WhisperConfig(
-                    d_model=32,
-                    encoder_layers=1,
-                    decoder_layers=1,
-                    encoder_attention_heads=4,
-                    decoder_attention_heads=4,
-                    encoder_ffn_dim=64,
-                    decoder_ffn_dim=64,
-                    vocab_size=VOCAB,
+                    **enc_dec,
                     num_mel_bins=16,
                     max_source_positions=32,
                     max_target_positions=32,
