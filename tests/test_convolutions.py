@@ -147,13 +147,15 @@ def test_depthwise_sums_are_computed_once_in_a_graph():
 
 
 # (size, kernel, padding, stride, dilation, groups): an output longer than the input
-# (wav2vec2's even kernel padded by half), a kernel longer than input and output, strided
+# (wav2vec2's even kernel padded by half), a kernel longer than input and output, a small
+# kernel over a smaller input (ResNet's last stage), strided and dilated
 _SWAPPED = [
-    ((12,), (8,), 4, 1, 1, 1),
-    ((12,), (8,), 4, 1, 1, 4),
+    ((12,), (16,), 8, 1, 1, 1),
+    ((12,), (16,), 8, 1, 1, 4),
     ((12, 9), (8, 4), [4, 2], 1, 1, 1),
-    ((6,), (8,), 4, 1, 1, 1),
+    ((6,), (20,), 10, 1, 1, 1),
     ((5, 6), (7, 7), 3, 1, 1, 2),
+    ((2, 2), (3, 3), 1, 1, 1, 1),
     ((9,), (5,), 4, 2, 2, 1),
 ]
 
@@ -162,7 +164,10 @@ _SWAPPED = [
 def test_convolutions_xla_would_swap(size, k, padding, stride, dilation, groups):
     """NOTE [Convolutions XLA would swap] in ops/_conv: convolutions whose kernel (or whose
     gradients' kernels) outsize their input give the CPU's results and gradients, and
-    XLA:CPU's programs for them have no reversed window (its slow loop nest)."""
+    XLA:CPU's programs for the forward and the weight gradient have no reversed window
+    (its slow loop nest), nor has the input gradient's for kernels of 16 taps or more."""
+    import math
+
     from torch_jax.ops import _conv
 
     nd = len(size)
@@ -176,14 +181,18 @@ def test_convolutions_xla_would_swap(size, k, padding, stride, dilation, groups)
     xj, wj = jax.numpy.asarray(x.numpy()), jax.numpy.asarray(w.numpy())
     args = ([stride], [padding] if isinstance(padding, int) else padding, [dilation], False, [0], groups)
     y = _conv.conv(xj, wj, *args)
-    text = jax.jit(lambda x, w: _conv.conv(x, w, *args)).lower(xj, wj).compile().as_text()
-    for mask in ([True, False, False], [False, True, False]):
 
-        def grad(gy, x, w, mask=mask):
-            return [r for r in _conv.convolution_backward_overrideable(gy, x, w, *args, mask) if r is not None]
+    def program(fn, *operands):
+        return jax.jit(fn).lower(*operands).compile().as_text()
 
-        text += jax.jit(grad).lower(y, xj, wj).compile().as_text()
-    assert "rhs_reversal=1" not in text
+    def grad(i):
+        mask = [i == 0, i == 1, False]
+        return lambda gy, x, w: _conv.convolution_backward_overrideable(gy, x, w, *args, mask)[i]
+
+    assert "rhs_reversal=1" not in program(lambda x, w: _conv.conv(x, w, *args), xj, wj)
+    assert "rhs_reversal=1" not in program(grad(1), y, xj, wj)
+    if math.prod(k) >= _conv._SWAPPED_TAPS:
+        assert "rhs_reversal=1" not in program(grad(0), y, xj, wj)
 
 
 def test_convolution_backward_computes_what_is_asked():
