@@ -13,7 +13,7 @@ from jax import lax
 from torch_jax.ops import _context
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._promote import opmath
-from torch_jax.ops._reductions import p_norm
+from torch_jax.ops._reductions import axes_except, p_norm
 from torch_jax.ops._registry import aten, lower
 
 # ---------------------------------------------------------------- softmax
@@ -97,23 +97,19 @@ def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias,
     return grad_input, grad_weight, grad_bias
 
 
-def _other_axes(v, dim):
-    return tuple(a for a in range(v.ndim) if a != dim % v.ndim)
-
-
 @lower(aten._weight_norm_interface.default)
 def weight_norm_interface(v, g, dim):
     """w = v * (g / |v|), the norm over every dim but `dim` (kept, as g's shape; in the
     op math dtype, as the CPU's kernel saves it)."""
     vf = opmath(v)
-    norm = jnp.sqrt(jnp.sum(vf * vf, axis=_other_axes(v, dim), keepdims=True))
+    norm = jnp.sqrt(jnp.sum(vf * vf, axis=axes_except(v, dim), keepdims=True))
     return (vf * (opmath(g) / norm)).astype(v.dtype), norm
 
 
 @lower(aten._weight_norm_interface_backward.default)
 def weight_norm_interface_backward(grad_w, v, g, norm, dim):
     gw, vf, gf = opmath(grad_w), opmath(v), opmath(g)
-    dot = jnp.sum(gw * vf, axis=_other_axes(v, dim), keepdims=True)
+    dot = jnp.sum(gw * vf, axis=axes_except(v, dim), keepdims=True)
     grad_v = (gf / norm) * (gw - vf * (dot / (norm * norm)))
     return grad_v.astype(v.dtype), (dot / norm).astype(g.dtype)
 

@@ -362,10 +362,15 @@ _CPU_ACC = {
 }
 
 
+def axes_except(x, dim):
+    """Every axis of x but `dim` (any sign)."""
+    d = dim % max(x.ndim, 1)
+    return tuple(i for i in range(x.ndim) if i != d)
+
+
 @lower(aten.renorm.default, static=("p", "maxnorm"))
 def renorm(x, p, dim, maxnorm):
-    d = dim % max(x.ndim, 1)
-    others = [i for i in range(x.ndim) if i != d]
+    others = axes_except(x, dim)
     xa = x.astype(jnp.float32) if x.dtype in _LOW else x
     a = jnp.abs(xa)
     if p == float("inf"):

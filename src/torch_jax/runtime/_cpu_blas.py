@@ -76,16 +76,13 @@ from torch_jax.tensor import _storage
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.cc"
 _TARGETS = {np.dtype(np.float32): "tj_gemm_f32", np.dtype(np.float64): "tj_gemm_f64"}
 _INT_MAX = 2**31 - 1
-_lock = threading.Lock()
-_status: str | None = None  # None: not tried yet; "ok"; else why products use XLA's dot
-_library = None  # (kept loaded while the process runs)
 
 
 def status() -> str:
     """``"ok"`` when fused graphs' float32/float64 2-D products on the CPU call the BLAS,
     else the reason they use XLA's dot (tries the build if it has not been tried)."""
-    _load()
-    return _status
+    _handlers.load()
+    return _handlers.status
 
 
 def _cache_dir() -> Path:
@@ -126,35 +123,49 @@ def build(source: Path, targets) -> ctypes.CDLL:
     return lib
 
 
-def _load() -> bool:
-    """Build and register the handlers once; whether they are usable."""
-    global _status, _library
-    if _status is not None:
-        return _status == "ok"
-    with _lock:
-        if _status is not None:
-            return _status == "ok"
-        try:
-            if DynamicJaxprTracer is None:
-                raise RuntimeError("this JAX has no jax._src DynamicJaxprTracer/ShapedArray")
-            import torch
+class Handlers:
+    """FFI handlers built, loaded and registered once per process by ``open_library``
+    (which returns the loaded library, or raises OSError, RuntimeError or
+    SubprocessError); ``status`` is None until tried, then "ok" or why not."""
 
-            blas = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-            try:
-                fns = blas.sgemm_, blas.dgemm_, blas.MKL_Set_Num_Threads_Local
-            except AttributeError:
-                raise RuntimeError(
-                    "this torch build exports no MKL (sgemm_, dgemm_, MKL_Set_Num_Threads_Local)"
-                ) from None
-            lib = build(_SOURCE, _TARGETS.values())
-            lib.tj_set_blas(*(ctypes.cast(f, ctypes.c_void_p) for f in fns))
-            _library = lib
-            _status = "ok"
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            _status = str(e)
-            if config.debug >= 1:
-                print(f"[torch_jax] matrix products use XLA's dot: {_status}")
-    return _status == "ok"
+    def __init__(self, open_library, unavailable: str):
+        self._open = open_library
+        self._unavailable = unavailable  # (what happens without them, for the debug log)
+        self._lock = threading.Lock()
+        self.status: str | None = None
+        self.library = None  # (kept loaded while the process runs)
+
+    def load(self) -> bool:
+        """Whether the handlers are usable (tries once)."""
+        if self.status is None:
+            with self._lock:
+                if self.status is None:
+                    try:
+                        self.library = self._open()
+                        self.status = "ok"
+                    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                        self.status = str(e)
+                        if config.debug >= 1:
+                            print(f"[torch_jax] {self._unavailable}: {self.status}")
+        return self.status == "ok"
+
+
+def _open_blas():
+    if DynamicJaxprTracer is None:
+        raise RuntimeError("this JAX has no jax._src DynamicJaxprTracer/ShapedArray")
+    import torch
+
+    blas = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    try:
+        fns = blas.sgemm_, blas.dgemm_, blas.MKL_Set_Num_Threads_Local
+    except AttributeError:
+        raise RuntimeError("this torch build exports no MKL (sgemm_, dgemm_, MKL_Set_Num_Threads_Local)") from None
+    lib = build(_SOURCE, _TARGETS.values())
+    lib.tj_set_blas(*(ctypes.cast(f, ctypes.c_void_p) for f in fns))
+    return lib
+
+
+_handlers = Handlers(_open_blas, "matrix products use XLA's dot")
 
 
 def _xla_dot(a, b, *, trans_a, trans_b):
@@ -174,7 +185,7 @@ mlir.register_lowering(gemm_p, _xla_lowering)
 
 
 def _cpu_lowering(ctx, a, b, *, trans_a, trans_b):
-    if not _load():
+    if not _handlers.load():
         return _xla_lowering(ctx, a, b, trans_a=trans_a, trans_b=trans_b)
     target = _TARGETS[np.dtype(ctx.avals_in[0].dtype)]
     return jax.ffi.ffi_lowering(target)(ctx, a, b, trans_a=np.int32(trans_a), trans_b=np.int32(trans_b))

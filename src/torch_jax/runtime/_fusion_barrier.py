@@ -21,46 +21,26 @@ computed on XLA:CPU: callers use it in a ``lax.platform_dependent`` CPU branch.
 
 from __future__ import annotations
 
-import subprocess
-import threading
 from pathlib import Path
 
 import jax
 
-from torch_jax._config import config
 from torch_jax.runtime import _cpu_blas
 
 _SOURCE = Path(__file__).with_name("csrc") / "fusion_barrier.cc"
 _TARGET = "tj_fusion_barrier"
-_lock = threading.Lock()
-_status: str | None = None  # None: not tried yet; "ok"; else why barrier returns its argument
-_library = None  # (kept loaded while the process runs)
+_handlers = _cpu_blas.Handlers(lambda: _cpu_blas.build(_SOURCE, [_TARGET]), "no fusion barriers on the CPU")
 
 
 def status() -> str:
     """``"ok"`` when ``barrier`` is a custom call, else why it returns its argument."""
-    _load()
-    return _status
-
-
-def _load() -> bool:
-    global _status, _library
-    if _status is None:
-        with _lock:
-            if _status is None:
-                try:
-                    _library = _cpu_blas.build(_SOURCE, [_TARGET])
-                    _status = "ok"
-                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                    _status = str(e)
-                    if config.debug >= 1:
-                        print(f"[torch_jax] no fusion barriers on the CPU: {_status}")
-    return _status == "ok"
+    _handlers.load()
+    return _handlers.status
 
 
 def barrier(x):
     """x, computed once on XLA:CPU rather than inside each fusion that reads it."""
-    if not _load():
+    if not _handlers.load():
         return x
     result = jax.ShapeDtypeStruct(x.shape, x.dtype)
     return jax.ffi.ffi_call(_TARGET, result, input_output_aliases={0: 0}, vmap_method="broadcast_all")(x)
