@@ -77,3 +77,36 @@ def test_no_product_contracts_the_left_operands_leading_dim_on_the_cpu(m, k, n):
     hlo = jax.jit(lambda x, y: _matmul.matmul2d(x.T, y)).lower(x, y).compile().as_text()
     dots = re.findall(r"dot\([^)]*\), lhs_contracting_dims=\{(\d+)\}", hlo)
     assert dots == ["1"], dots
+
+
+@pytest.mark.parametrize("row", [True, False])
+def test_vector_products_compute_their_vector_once(row):
+    """NOTE [Vector products on XLA:CPU] in ops/_matmul: a single row (or column) made by
+    elementwise ops and multiplied by a transposed matrix is computed once, not inside
+    the product's loop for every output element; the values are the CPU's."""
+    import shutil
+
+    from torch_jax.runtime import _fusion_barrier
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("XLA:CPU's fusion")
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler: no fusion barriers")
+    assert _fusion_barrier.status() == "ok"
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((1, 256)).astype(np.float32)
+    w = rng.standard_normal((2048, 256)).astype(np.float32)
+
+    def normalized(h):  # (LayerNorm's arithmetic, without its statistics)
+        return (h - 0.5) * 1.25 * 0.75 + 0.125
+
+    def product(h, w):
+        v = normalized(h)
+        return _matmul.matmul2d(v, w.T) if row else _matmul.matmul2d(w, v.T)
+
+    text = jax.jit(product).lower(h, w).compile().as_text()
+    bodies = re.findall(r"^%fused_computation\S* .*?^}", text, re.M | re.S)
+    assert not [b for b in bodies if " dot(" in b and " multiply(" in b], text
+    expected = normalized(torch.from_numpy(h)) @ torch.from_numpy(w).T
+    got = torch.from_numpy(np.asarray(product(h, w)))
+    torch.testing.assert_close(got if row else got.T, expected, rtol=1e-5, atol=1e-4)
