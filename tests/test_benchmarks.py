@@ -32,3 +32,22 @@ def test_the_suite_runs_and_writes_its_report(tmp_path):
     )
     assert "old" not in text and "| MLP 784-512-512-10 step, SGD, batch 128 |" in text
     assert "fused takes" in text and "(target <= 1x:" in text
+
+
+def test_the_profile_counts_the_products_and_splits_the_kernel_time(tmp_path):
+    """benchmarks/profile.py on the MLP step (784-512-512-10, batch 128): its products do
+    2 * 128 * (784*512 + 512*512 + 512*10) operations forward, as many for the weight
+    gradients, and 2 * 128 * (512*512 + 512*10) for the input gradients of the two upper
+    layers (the input needs none)."""
+    from benchmarks.profile import PRODUCTS, main
+
+    report = main(["--only", "MLP", "--quick", "--out", str(tmp_path)])
+    fused, strict = report["fused"], report["strict"]
+    expected = (2 * 2 * 128 * (784 * 512 + 512 * 512 + 512 * 10) + 2 * 128 * (512 * 512 + 512 * 10)) / 1e9
+    assert abs(fused["product_gflop"] - expected) < 1e-6 * expected
+    assert fused["ops"] == strict["ops"] > 10  # (the same program's ops, recorded or run)
+    assert fused["kernels"] < strict["kernels"]  # (fused: one graph's kernels, fewer)
+    kinds = fused["by_kind_ms"]
+    assert kinds[PRODUCTS] > 0 and 0 < sum(kinds.values()) <= fused["busy_ms"] * 1.001
+    text = (tmp_path / "profile.md").read_text()
+    assert "| matrix products |" in text and "at most **" in text
