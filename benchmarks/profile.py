@@ -204,8 +204,9 @@ def profile(workload, repeats: int, inner: int) -> dict:
             kinds = None
             if name == "fused":
                 kinds = {}
-                for fn in dict.fromkeys(_fused.recent):  # (the graphs the traced repeat ran)
-                    kinds.update(hlo_kinds(fn.as_text()))
+                for ref in dict.fromkeys(_fused.recent):  # (the graphs the traced repeat ran)
+                    if ref() is not None:
+                        kinds.update(hlo_kinds(ref().as_text()))
             r = kernel_times(d, kinds, v.inner)
         r["step_ms"] = statistics.median(v.times) * 1e3
         r["traced_step_ms"] = traced * 1e3

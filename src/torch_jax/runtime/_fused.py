@@ -51,7 +51,7 @@ materializations: collections.Counter = collections.Counter()
 pending = False  # some graph holds unrun ops (a module global: the executor reads it per op)
 _graphs: dict[int, _Graph] = {}  # device index -> its pending graph
 _compiled: dict = {}  # graph structure -> compiled computation
-recent: collections.deque = collections.deque(maxlen=64)  # the compiled graphs run last (benchmarks/profile)
+recent: collections.deque = collections.deque(maxlen=64)  # weak references to the graphs run last (benchmarks/profile)
 _weakref = weakref.ref
 _lock = threading.RLock()
 
@@ -179,7 +179,7 @@ def _run(g: _Graph, reason: str) -> None:
     else:
         _counters["graph_cache_hits"] += 1
     _counters["donated_buffers"] += len(donated)
-    recent.append(fn)
+    recent.append(_weakref(fn))
     results = fn(*g.inputs)
     for p, r in zip(alive, results):
         p.value = r
