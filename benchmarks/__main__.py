@@ -331,6 +331,29 @@ def update_readme(report: dict, path: str) -> None:
         f.write(head + begin + "\n".join(block) + end + tail)
 
 
+def setup() -> dict:
+    """Quiet transformers, start the device; the run's date, versions and machine."""
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
+    import jax
+
+    torch_jax.initialize()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu_model": cpuinfo("model name") or platform.processor() or platform.machine(),
+        "jax_device": str(jax.devices()[0].device_kind),
+        "cpu_blas": torch_jax.config.cpu_blas,
+    }
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="run the workloads whose names contain one of these")
@@ -348,27 +371,8 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}")
     repeats = 2 if args.quick else args.repeats
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
-    import jax
-
-    torch_jax.initialize()
     report = {
-        "meta": {
-            "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__,
-            "jax": jax.__version__,
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "cpu_model": cpuinfo("model name") or platform.processor() or platform.machine(),
-            "jax_device": str(jax.devices()[0].device_kind),
-            "cpu_blas": torch_jax.config.cpu_blas,
-            "repeats": repeats,
-        },
+        "meta": {**setup(), "repeats": repeats},
         "variants": variants,
         "torchax": torchax_status(),
         "results": {},

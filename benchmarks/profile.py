@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import glob
 import gzip
 import json
@@ -42,7 +41,7 @@ import tempfile
 import torch
 
 import torch_jax
-from benchmarks.__main__ import _machine, _Variant
+from benchmarks.__main__ import _machine, _Variant, setup
 from benchmarks.workloads import WORKLOADS
 
 PRODUCTS, COPIES, ELEMENTWISE, OTHER = "matrix products", "copies and layout", "elementwise, reductions, rest", "other"
@@ -273,22 +272,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     (workload,) = [w for w in WORKLOADS if args.only in w.name and w.step]
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    except ImportError:
-        pass
-    import jax
-
-    torch_jax.initialize()
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "cpus": os.cpu_count(),
-        "cpu_model": torch_jax._config.cpuinfo("model name") or "?",
-        "jax_device": str(jax.devices()[0].device_kind),
-        "cpu_blas": torch_jax.config.cpu_blas,
-    }
+    meta = setup()
     result = profile(workload, 2 if args.quick else args.repeats, 1 if args.quick else workload.inner)
     text = markdown(workload.name, meta, result)
     print(text)
