@@ -108,5 +108,5 @@ def test_vector_products_compute_their_vector_once(row):
     bodies = re.findall(r"^%fused_computation\S* .*?^}", text, re.M | re.S)
     assert not [b for b in bodies if " dot(" in b and " multiply(" in b], text
     expected = normalized(torch.from_numpy(h)) @ torch.from_numpy(w).T
-    got = torch.from_numpy(np.asarray(product(h, w)))
+    got = torch.from_numpy(np.array(product(h, w)))  # (a writable copy: from_numpy warns on a read-only view)
     torch.testing.assert_close(got if row else got.T, expected, rtol=1e-5, atol=1e-4)
