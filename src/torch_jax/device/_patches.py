@@ -52,24 +52,37 @@ def _patch_module_apply() -> None:
     converted tensor in a new Parameter, slot by slot, so a parameter shared by two
     modules (tied embeddings and output layer) would become two. After the outermost
     ``_apply``, slots that shared one Parameter before and now hold jax parameters get one
-    Parameter again, as on CUDA (and back from jax to the CPU)."""
+    Parameter again, as on CUDA (and back from jax to the CPU).
+
+    The new Parameter is a plain one, too, where ``param.data = new`` keeps the object and
+    so its class: a lazy module's ``UninitializedParameter`` would become an empty
+    initialized Parameter and its first forward would fail. A wrapped parameter of a
+    subclass gets its class back, by the same ``__class__`` assignment PyTorch's own
+    ``materialize()`` uses."""
     apply = torch.nn.Module._apply
 
     def _apply(self, fn, recurse=True):
         if getattr(_applying, "active", False):
             return apply(self, fn, recurse)
         slots: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        classes = []  # (module, key, class, on jax) of Parameter subclasses
         modules = self.modules() if recurse else (self,)
         for m in modules:
             for key, p in m._parameters.items():
                 if p is not None:
                     slots.setdefault(id(p), []).append((m, key))
+                    if type(p) is not torch.nn.Parameter and isinstance(p, torch.nn.Parameter):
+                        classes.append((m, key, type(p), _is_jax(p)))
         tied = [(s, _is_jax(s[0][0]._parameters[s[0][1]])) for s in slots.values() if len(s) > 1]
         _applying.active = True
         try:
             out = apply(self, fn, recurse)
         finally:
             _applying.active = False
+        for m, key, cls, was_jax in classes:
+            p = m._parameters[key]
+            if type(p) is torch.nn.Parameter and (was_jax or _is_jax(p)):
+                p.__class__ = cls
         for group, was_jax in tied:
             first = group[0][0]._parameters[group[0][1]]
             if not (was_jax or _is_jax(first)):
@@ -85,26 +98,20 @@ def _is_jax(t) -> bool:
     return t is not None and t.device.type == NAME
 
 
-# NOTE [Hub kernels on jax]: transformers (5.25 on, with the `kernels` package it now
-# installs) kernelizes every model it loads and again at each ``model.train()``/``eval()``,
-# and ``kernels`` refuses a device type it does not know ("Unsupported device type
-# 'jax'"). No hub kernel is built for jax, so on a jax model kernelizing runs with an
-# empty kernel mapping, which gives every layer its PyTorch forward (what transformers'
-# own ``reset_kernels`` does), as kernelizing with no kernel found does on other devices.
-# transformers is patched when it imports the module, or at once if it already has.
-_HUB_KERNELS = "transformers.integrations.hub_kernels"
-
-
-def _patch_hub_kernels() -> None:
-    if _HUB_KERNELS in sys.modules:
-        _wrap_kernelize(sys.modules[_HUB_KERNELS])
+def _on_import(name: str, patch) -> None:
+    """Runs ``patch(module)`` on module ``name`` once it is imported (at once if it is)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _HubKernelsFinder())
+        sys.meta_path.insert(0, _PatchOnImport(name, patch))
 
 
-class _HubKernelsFinder(importlib.abc.MetaPathFinder):
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def __init__(self, name: str, patch):
+        self.name, self.patch = name, patch
+
     def find_spec(self, name, path, target=None):
-        if name != _HUB_KERNELS:
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -113,10 +120,21 @@ class _HubKernelsFinder(importlib.abc.MetaPathFinder):
 
             def exec_and_patch(module):
                 exec_module(module)
-                _wrap_kernelize(module)
+                self.patch(module)
 
             spec.loader.exec_module = exec_and_patch
         return spec
+
+
+# NOTE [Hub kernels on jax]: transformers (5.25 on, with the `kernels` package it now
+# installs) kernelizes every model it loads and again at each ``model.train()``/``eval()``,
+# and ``kernels`` refuses a device type it does not know ("Unsupported device type
+# 'jax'"). No hub kernel is built for jax, so on a jax model kernelizing runs with an
+# empty kernel mapping, which gives every layer its PyTorch forward (what transformers'
+# own ``reset_kernels`` does), as kernelizing with no kernel found does on other devices.
+# transformers is patched when it imports the module, or at once if it already has.
+def _patch_hub_kernels() -> None:
+    _on_import("transformers.integrations.hub_kernels", _wrap_kernelize)
 
 
 def _wrap_kernelize(hub_kernels) -> None:

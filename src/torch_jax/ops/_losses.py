@@ -42,14 +42,15 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 @lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    """As the CPU kernel: each counted target's element gets ``weight * -(g / total_weight)``
+    (``mean``) and every other element 0, even where that value is NaN or inf: a batch
+    whose targets are all ``ignore_index`` has a NaN mean loss but a zero gradient."""
     _, w, safe, valid, axis = _nll_parts(x, target, weight, ignore_index)
     w = jnp.broadcast_to(w, safe.shape)
-    if reduction == 1:
-        scale = -w * g / total_weight
-    else:
-        scale = -w * g
-    onehot = jax.nn.one_hot(safe, x.shape[axis], dtype=x.dtype, axis=axis)
-    return onehot * jnp.expand_dims(scale, axis)
+    scale = w * -(g / total_weight) if reduction == 1 else w * -g
+    classes = lax.broadcasted_iota(safe.dtype, x.shape, axis)
+    hit = (classes == jnp.expand_dims(safe, axis)) & jnp.expand_dims(valid, axis)
+    return jnp.where(hit, jnp.expand_dims(scale, axis), jnp.zeros((), x.dtype)).astype(x.dtype)
 
 
 @lower(aten.mse_loss.default)
@@ -188,7 +189,9 @@ def _multilabel_margin(x, target, reduction):
     return _frame_reduce(per_frame, reduction, shape), is_target.reshape(x.shape)
 
 
-@lower(aten.multilabel_margin_loss_forward.default)
+# trust_meta=False: the Meta kernel gives a 1-D input's unreduced loss the shape (1,), the
+# CPU gives it ()
+@lower(aten.multilabel_margin_loss_forward.default, trust_meta=False)
 def multilabel_margin_loss_forward(x, target, reduction):
     loss, is_target = _multilabel_margin(x, target, reduction)
     return loss.astype(x.dtype), is_target.astype(x.dtype)

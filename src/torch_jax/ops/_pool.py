@@ -310,10 +310,12 @@ def _fractional_windows(x, kernel_size, output_size, samples):
     """PyTorch's pseudo-random window starts: for a sample u in [0, 1) and
     alpha = (n - k) / (o - 1), start_i = int((i + u) alpha) - int(u alpha), the last
     window ending at the input's end. ``samples`` is (N, C, nd), ordered (W, H) in 2-D
-    but (T, H, W) in 3-D, as the CPU kernels read them."""
+    but (T, H, W) in 3-D, as the CPU kernels read them; rows past the input's batch are
+    not read (an input without a batch dim reads row 0)."""
     nd = len(kernel_size)
     lead = x.shape[:-nd]
-    samples = samples.reshape(lead + (nd,))
+    batch = lead[0] if len(lead) == 2 else 1
+    samples = samples[:batch].reshape(lead + (nd,))
     windows = []
     for i, (n, k, o) in enumerate(zip(x.shape[-nd:], kernel_size, output_size)):
         u = samples[..., nd - 1 - i if nd == 2 else i][..., None]  # lead + (1,)

@@ -135,7 +135,19 @@ def download(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- kernels
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor (the same TensorImpl's data): the kernels of a Python backend
+    receive the caller's Python object, and a subclass may refuse what a C++ kernel never
+    asks (a lazy module's ``UninitializedParameter`` raises on ``.shape``, so
+    ``LazyLinear(3).to("jax")`` failed where ``.to("cuda")`` works)."""
+    if type(t) is torch.Tensor:
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
+    self, src = _plain(self), _plain(src)
     if self.is_cpu:
         return self.copy_(download(src))
     index = _storage.box_of(self).index
@@ -189,6 +201,7 @@ def _alias_whole(self, src) -> bool:
 
 
 def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    self = _plain(self)
     target = torch.device(device) if device is not None else self.device
     if self.is_cpu:  # the device argument dispatched a CPU -> jax copy here
         src = self if dtype is None or dtype == self.dtype else self.to(dtype)
