@@ -425,47 +425,56 @@ def test_from_pretrained_with_device_map_jax(tmp_path):
         )
 
 
-class _Tokens(torch.utils.data.Dataset):
+# An unchanged Trainer script, as a user writes it for any accelerator: nothing names a
+# device. Run in a fresh process (with ACCELERATE_TORCH_DEVICE unset), as a user runs it.
+_TRAINER_SCRIPT = """
+import json, sys, torch, transformers
+transformers.logging.set_verbosity_error()
+
+class Tokens(torch.utils.data.Dataset):
     def __len__(self):
         return 16
 
     def __getitem__(self, i):
-        ids = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(i))
+        ids = torch.randint(0, 96, (16,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": ids, "labels": ids}
 
+torch.manual_seed(0)
+config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96, n_positions=64,
+                                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+model = transformers.GPT2LMHeadModel(config)
+args = transformers.TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=4, max_steps=4,
+                                      logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+                                      seed=0, use_cpu=sys.argv[2] == "use_cpu")
+trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+trainer.train()
+losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+print(json.dumps({"args": str(args.device), "model": str(next(model.parameters()).device), "losses": losses}))
+"""
 
-def _trainer_losses(tmp_path, monkeypatch, device):
-    # accelerate (and so the Trainer) takes a device it does not know from ACCELERATE_TORCH_DEVICE
-    if device == "jax":
-        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "jax")
-    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / f"out-{device}"),
-        per_device_train_batch_size=4,
-        max_steps=4,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        use_cpu=device == "cpu",
-        seed=0,
+
+def _run_trainer_script(tmp_path, mode):
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU")}
+    out = subprocess.run(
+        [sys.executable, "-c", _TRAINER_SCRIPT, str(tmp_path / mode), mode], capture_output=True, text=True, env=env
     )
-    assert args.device.type == device
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
-    trainer.train()
-    assert next(model.parameters()).device.type == device
-    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_trainer_on_jax_matches_cpu(tmp_path, monkeypatch):
-    cpu, _ = _pair("gpt2")
-    cpu.save_pretrained(tmp_path)
-    expected = _trainer_losses(tmp_path, monkeypatch, "cpu")
-    got = _trainer_losses(tmp_path, monkeypatch, "jax")
-    assert len(got) == 4
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-3, atol=1e-4)
-    assert os.environ.get("ACCELERATE_TORCH_DEVICE") is None
+def test_unchanged_trainer_script_trains_on_jax(tmp_path):
+    # NOTE [The Trainer's device] in device/_patches: jax is the accelerator, so an
+    # unchanged script trains on it, as on CUDA; with use_cpu=True on the CPU
+    on_jax = _run_trainer_script(tmp_path, "default")
+    on_cpu = _run_trainer_script(tmp_path, "use_cpu")
+    assert (on_jax["args"], on_jax["model"]) == ("jax:0", "jax:0")
+    assert (on_cpu["args"], on_cpu["model"]) == ("cpu", "cpu")
+    assert len(on_jax["losses"]) == 4
+    torch.testing.assert_close(torch.tensor(on_jax["losses"]), torch.tensor(on_cpu["losses"]), rtol=1e-3, atol=1e-4)
 
 
 _KERNELIZE_ON_JAX = """

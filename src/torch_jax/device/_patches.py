@@ -19,6 +19,7 @@ def install() -> None:
     _patch_storage_pickle()
     _patch_module_apply()
     _patch_hub_kernels()
+    _patch_training_args()
 
 
 def _patch_storage_pickle() -> None:
@@ -173,3 +174,36 @@ def _names_jax(device) -> bool:
     if isinstance(device, str):
         return device.split(":")[0] == NAME
     return isinstance(device, torch.device) and device.type == NAME
+
+
+# NOTE [The Trainer's device]: accelerate (1.16) finds the accelerator through
+# ``torch.accelerator``, so its state, and the Trainer's data loader with it, put batches
+# on ``jax``; transformers' ``TrainingArguments`` (5.25) knows accelerators only by name
+# and, finding no CUDA, chooses ``ACCELERATE_TORCH_DEVICE`` or the CPU, where the Trainer
+# then puts the model: the first step failed with tensors on two devices. Where accelerate
+# chose a jax device and transformers the CPU without being asked to (``use_cpu``,
+# ``ACCELERATE_USE_CPU``), the arguments take accelerate's device, as they take CUDA's.
+def _patch_training_args() -> None:
+    _on_import("transformers.training_args", _wrap_setup_devices)
+
+
+def _wrap_setup_devices(training_args) -> None:
+    cls = getattr(training_args, "TrainingArguments", None)
+    prop = None if cls is None else cls.__dict__.get("_setup_devices")
+    if not isinstance(prop, functools.cached_property) or getattr(prop.func, "_torch_jax", False):
+        return
+    setup = prop.func
+
+    @functools.wraps(setup)
+    def _setup_devices(self):
+        device = setup(self)
+        state = getattr(self, "distributed_state", None)
+        chosen = getattr(state, "device", None)
+        if device.type == "cpu" and _names_jax(chosen) and not self.use_cpu:
+            device = torch.device(NAME, 0 if chosen.index is None else chosen.index)
+        return device
+
+    _setup_devices._torch_jax = True
+    wrapped = functools.cached_property(_setup_devices)
+    wrapped.__set_name__(cls, "_setup_devices")
+    cls._setup_devices = wrapped
