@@ -25,4 +25,5 @@ from torch_jax.ops import (  # noqa: F401
     _shape,
     _sort,
     _special,
+    _transformer,
 )
