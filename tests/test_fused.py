@@ -220,3 +220,19 @@ class _strict:
 
     def __exit__(self, *exc):
         torch_jax.set_mode(self.before)
+
+
+def test_graphs_are_dropped_under_mapping_pressure(fused, monkeypatch):
+    # NOTE [Bounded compile cache]: a run of many distinct graphs held one executable each
+    # until the process ran out of memory mappings; under pressure the oldest half goes,
+    # and a graph that comes back compiles again with the same result
+    from torch_jax.runtime import _stats
+
+    monkeypatch.setattr(_stats, "maps_pressure", lambda: True)
+    before = torch_jax.stats()
+    results = {}
+    for n in range(1, 40):
+        results[n] = (torch.arange(n, device="jax", dtype=torch.float32) * 2).sum().item()
+    assert _delta(before, "graph_evictions") > 0
+    assert (torch.arange(3, device="jax", dtype=torch.float32) * 2).sum().item() == results[3] == 6.0
+    assert results == {n: float(n * (n - 1)) for n in results}

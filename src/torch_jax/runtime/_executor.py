@@ -305,23 +305,11 @@ def run(spec: OpSpec, args):
 # mappings: when either is too high, entries not used since the last sweep are dropped
 # (the oldest half when all were in use), and compiled again if they come back.
 _live: list = []
-_MAPS = "/proc/self/maps"
-
-
-def _maps_pressure() -> bool:
-    try:
-        with open(_MAPS, "rb") as f:
-            used = sum(1 for _ in f)
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-    except OSError:
-        return False
-    return used > limit // 2
 
 
 def _remember(spec: OpSpec, key) -> None:
     _live.append((spec, key))
-    if len(_live) > config.cache_size or (len(_live) % 256 == 0 and _maps_pressure()):
+    if len(_live) > config.cache_size or (len(_live) % 256 == 0 and _stats.maps_pressure()):
         _sweep()
 
 
@@ -336,7 +324,7 @@ def _sweep() -> None:
             kept.append((s_, k))
         else:
             del s_.cache[k]
-    if len(kept) > config.cache_size * 3 // 4 or _maps_pressure():  # still too many: drop the oldest half
+    if len(kept) > config.cache_size * 3 // 4 or _stats.maps_pressure():  # still too many: drop the oldest half
         for s_, k in kept[: len(kept) // 2]:
             s_.cache.pop(k, None)
         kept = kept[len(kept) // 2 :]

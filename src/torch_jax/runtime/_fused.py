@@ -172,9 +172,14 @@ def _run(g: _Graph, reason: str) -> None:
         # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
         made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
         fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made, lowered))
-        if len(_compiled) >= config.cache_size:  # NOTE [Bounded compile cache] (runtime/_executor)
-            for k in list(_compiled)[: len(_compiled) // 2]:
+        # NOTE [Bounded compile cache] (runtime/_executor): by count, and every 16 graphs by
+        # the process's memory mappings (a run of many distinct graphs, such as the
+        # ModuleInfo sweep, reached vm.max_map_count and died in LLVM after ~5,000 graphs)
+        if len(_compiled) >= config.cache_size or (len(_compiled) % 16 == 15 and _stats.maps_pressure()):
+            dropped = list(_compiled)[: len(_compiled) // 2]
+            for k in dropped:
                 del _compiled[k]
+            _counters["graph_evictions"] += len(dropped)
         _compiled[key] = fn
     else:
         _counters["graph_cache_hits"] += 1
