@@ -44,3 +44,22 @@ def test_report_files(tmp_path):
     data = json.loads((out / "coverage.json").read_text())
     assert [(r["op"], r["dtype"], r["status"]) for r in data["results"]] == [("abs", "float32", "pass")]
     assert "| (OpInfo, dtype) pairs compared | 1 |" in (out / "COVERAGE.md").read_text()
+
+
+def test_module_section(tmp_path):
+    out = tmp_path / "out"
+    args = ["--ops", "abs", "--dtypes", "float32", "--max-samples", "1", "--out", str(out), "--quiet"]
+    assert _coverage.main([*args, "--modules", "nn.ReLU,nn.Softsign"]) == 0
+    text = (out / "COVERAGE.md").read_text()
+    assert "| (OpInfo, dtype) pairs compared | 1 |" in text
+    assert "| nn.ReLU | ok | ok |" in text and "| nn.Softsign | ok | ok |" in text
+    assert "**4 of 4 (ModuleInfo, dtype, mode) cases" in text
+    # --modules-only rewrites the module section in place and leaves the rest alone
+    assert _coverage.main(["--modules-only", "--modules", "nn.Tanh", "--out", str(out), "--quiet"]) == 0
+    again = (out / "COVERAGE.md").read_text()
+    assert "| (OpInfo, dtype) pairs compared | 1 |" in again
+    assert "| nn.Tanh | ok | ok |" in again and "nn.ReLU" not in again
+    assert again.count(_coverage.MODULES_START) == 1
+    data = json.loads((out / "coverage.json").read_text())
+    assert [(r["op"], r["status"]) for r in data["modules"]] == [("nn.Tanh", "pass")] * 2
+    assert [r["op"] for r in data["results"]] == ["abs"]

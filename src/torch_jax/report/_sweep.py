@@ -151,6 +151,10 @@ TOLERANCE = {
     # masked.normalize's gradients reach 3.1e4 at sample 22; the CPU's float32 gradient
     # and ours are both 6.3e-4 from float64 (at different elements)
     ("masked.normalize", torch.float32): (1e-5, 1e-4),
+    # (the CPU's blocked online softmax and ours round differently; against float64, at the
+    # 7 samples without dropout among the first 13, the CPU's outputs are 6.6e-7 to 9.7e-6
+    # off and ours 6.6e-7 to 7.0e-6, at values up to 9; the gradients are as close as the
+    # CPU's: NOTE [Attention's backward])
     ("nn.functional.scaled_dot_product_attention", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.float32): (1e-4, 1e-4),
     ("nn.functional.conv_transpose3d", torch.complex64): (1e-4, 1e-4),
@@ -320,7 +324,7 @@ def compare(got, expected, *, random: bool, where: str, tol=None) -> None:
             raise Mismatch(f"{where}: {e}") from None
 
 
-def _raises_same(fn_cpu, fn_dev, where: str):
+def raises_same(fn_cpu, fn_dev, where: str):
     """Run both; if the CPU raises, the device must raise the same type. Returns
     (expected, got) or None when both raised."""
     try:
@@ -336,7 +340,7 @@ def _raises_same(fn_cpu, fn_dev, where: str):
     return expected, fn_dev()
 
 
-def _outputs(result):
+def outputs(result):
     if isinstance(result, torch.Tensor):
         return [result]
     if isinstance(result, (list, tuple)):
@@ -390,19 +394,21 @@ def compare_or_as_accurate(got, expected, reference, *, random: bool, where: str
     try:
         compare(got, expected, random=random, where=where, tol=tol)
     except Mismatch:
-        gots, exps = _outputs(got), _outputs(expected)
+        gots, exps = outputs(got), outputs(expected)
         if random or not any(e.dtype in LOW_PRECISION for e in exps):
             raise
         try:
-            refs = _outputs(reference())
+            refs = outputs(reference())
         except Exception:  # noqa: BLE001 (no float64 kernel: keep the mismatch)
             raise Mismatch(f"{where}: differs from the CPU and there is no float64 reference") from None
-        if len(refs) != len(exps) or not all(_as_accurate(g, e, r) for g, e, r in zip(gots, exps, refs)):
+        if len(refs) != len(exps) or not all(as_accurate(g, e, r) for g, e, r in zip(gots, exps, refs)):
             raise
 
 
-def _as_accurate(got, expected, ref) -> bool:
-    if expected.dtype not in LOW_PRECISION:
+def as_accurate(got, expected, ref, judged=LOW_PRECISION) -> bool:
+    """Whether ``got`` is at least as close to the float64 ``ref`` as ``expected`` (the
+    CPU's result) is, for results in the ``judged`` dtypes; others must match."""
+    if expected.dtype not in judged:
         return torch.equal(got.cpu(), expected) or torch.allclose(got.cpu(), expected, equal_nan=True)
     g, e, r = got.cpu().double(), expected.double(), ref.double()
     if g.shape != r.shape or not torch.equal(g.isnan(), e.isnan()) or not torch.equal(g.isinf(), e.isinf()):
@@ -431,7 +437,7 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
         return fn(sample.input, *sample.args, **sample.kwargs)
 
     reference = _Reference(op, sample, name, dtype)
-    pair = _raises_same(run_cpu, run_dev, where)
+    pair = raises_same(run_cpu, run_dev, where)
     if pair is not None:
         # output_process_fn_grad maps outputs that are not unique (the signs of singular
         # vectors, eigenvector phases) to what is, as PyTorch's own CUDA-vs-CPU test does
@@ -452,7 +458,7 @@ def check_sample(op, dtype, sample, *, name: str, index: int, variants: bool) ->
             x = sample.input.clone()
             return inplace(x, *sample.args, **sample.kwargs), x
 
-        pair = _raises_same(run_inplace_cpu, run_inplace_dev, where + " in-place")
+        pair = raises_same(run_inplace_cpu, run_inplace_dev, where + " in-place")
         if pair is not None:
             compare_or_as_accurate(
                 pair[1][1], pair[0][1], reference.raw, random=False, where=where + " in-place (self)", tol=tol
@@ -484,7 +490,7 @@ def _check_out(op, run_cpu, c_input, c_args, c_kwargs, sample, where: str, tol, 
         torch.manual_seed(0)
         return op(sample.input, *sample.args, **sample.kwargs, out=out_dev)
 
-    if _raises_same(cpu, dev, where + " out=") is not None:
+    if raises_same(cpu, dev, where + " out=") is not None:
         process = sample.output_process_fn_grad
         got = tie_free(name_of(op), sample.input, sample.args, sample.kwargs, process(out_dev))
         expected = tie_free(name_of(op), c_input, c_args, c_kwargs, process(out_cpu))
@@ -518,7 +524,7 @@ def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
             return None
         torch.manual_seed(0)
         out = sample.output_process_fn_grad(op(inp, *args, **kwargs))
-        outs = [o for o in _outputs(out) if o.requires_grad]
+        outs = [o for o in outputs(out) if o.requires_grad]
         if not outs:
             return None
         total = 0
@@ -531,7 +537,7 @@ def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
         grads = torch.autograd.grad(total, leaves, allow_unused=True)
         return [None if g is None else g.detach().cpu() for g in grads]
 
-    pair = _raises_same(lambda: run("cpu"), lambda: run("jax"), where + " grad")
+    pair = raises_same(lambda: run("cpu"), lambda: run("jax"), where + " grad")
     if pair is None or pair[0] is None:
         return
     for i, (gc, gj) in enumerate(zip(*pair)):
