@@ -139,3 +139,12 @@ def test_transformer_encoder_nested_fast_path_says_what_is_missing(allow_fallbac
             else:
                 got = encoder(x.to("jax"), src_key_padding_mask=mask.to("jax"))
                 torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "info", [i for i in _modules.module_infos() if i.module_error_inputs_func is not None], ids=lambda i: i.name
+)
+def test_module_errors(info):
+    """The database's error inputs raise on jax what PyTorch's own test expects on any
+    device (type and message)."""
+    assert _modules.check_errors(info) == []

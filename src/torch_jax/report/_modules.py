@@ -356,3 +356,35 @@ def check(info, dtype, training: bool, *, max_samples=None, fallback="silent") -
             )
     result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
     return result
+
+
+def check_errors(info, dtype=torch.float32) -> list[str]:
+    """The ModuleInfo's error inputs that fail at the forward (``module_error_inputs_func``),
+    on jax: each must raise the error type and message PyTorch's own test expects. Value
+    errors that fused mode raises at the next wait are waited for. The mismatches, as
+    messages (empty: all matched)."""
+    import re
+
+    from torch.testing._internal.common_modules import ModuleErrorEnum
+
+    if info.module_error_inputs_func is None:
+        return []
+    mismatches = []
+    torch.manual_seed(SEED)
+    errors = info.module_error_inputs_func(info, device="cpu", dtype=dtype, requires_grad=False, training=True)
+    for i, error in enumerate(errors):
+        if error.error_on != ModuleErrorEnum.FORWARD_ERROR:  # (construction runs on the CPU)
+            continue
+        c, f = error.module_error_input.constructor_input, error.module_error_input.forward_input
+        module = info.module_cls(*c.args, **c.kwargs).to("jax")
+        args, kwargs = _to("jax")((f.args, f.kwargs))
+        expected = f"{error.error_type.__name__} matching {error.error_regex!r}"
+        try:
+            for t in _leaves(module(*args, **kwargs)):
+                t.cpu()
+        except Exception as e:  # noqa: BLE001
+            if not isinstance(e, error.error_type) or not re.search(error.error_regex, str(e)):
+                mismatches.append(f"error input {i}: {type(e).__name__}: {str(e)[:200]} (expected {expected})")
+        else:
+            mismatches.append(f"error input {i}: no error (expected {expected})")
+    return mismatches
