@@ -272,13 +272,7 @@ def markdown(summary, results, meta) -> str:
         "",
         "## Known differences from the CPU",
         "",
-        "- Subnormal floats: XLA's CPU backend flushes subnormal inputs and results to zero "
-        "(as GPUs and TPUs commonly do), PyTorch's CPU kernels keep them. The OpInfo samples "
-        "and the property tests use normal numbers; values below `torch.finfo(dtype).tiny` may differ.",
-        "- Which of several equal elements an unstable sort, topk, kthvalue, median or mode returns the index of "
-        "(unspecified by PyTorch; the values are equal).",
-        "- Float rounding where XLA and the CPU's libraries (MKL, oneDNN, SLEEF) sum or approximate in a "
-        "different order: within PyTorch's default tolerances except for the overrides listed below.",
+        "Listed in the README (its section *Known differences from the CPU*), each with whether it can be fixed.",
     ]
     lines += [
         "",
