@@ -344,11 +344,10 @@ def modules_markdown(results, meta) -> list[str]:
         "samples that take their inference fast paths in eval mode under `no_grad` (which none of the database's "
         "does).",
         "",
-        "| ModuleInfo | " + " | ".join(dtypes) + " |",
-        "| --- |" + " --- |" * len(dtypes),
     ]
-    for name, row in by_module.items():
-        lines.append(f"| {name} | " + " | ".join(MARKS[_how(row[d])] if d in row else "" for d in dtypes) + " |")
+    lines += _status_table(
+        "ModuleInfo", {name: {d: MARKS[_how(r)] for d, r in row.items()} for name, row in by_module.items()}, dtypes
+    )
     failing = [r for r in results if r.status == "fail"]
     lines += ["", "Failing cases: " + ("none." if not failing else "")]
     for r in failing:
@@ -370,8 +369,7 @@ def _matrix(results, dtypes):
     """One row per OpInfo, one column per dtype: how each pair ran."""
     by_op = collections.defaultdict(dict)
     for r in results:
-        how = "fallback" if r.status == "pass" and r.fallback_ops else "native" if r.status == "pass" else r.status
-        by_op[r.op][r.dtype] = MARKS[how]
+        by_op[r.op][r.dtype] = MARKS[_how(r)]
     lines = [
         "",
         "## Every OpInfo, per dtype",
@@ -379,11 +377,14 @@ def _matrix(results, dtypes):
         "`ok`: matches the CPU with no CPU fallback; `fb`: matches with some op through the CPU fallback; "
         "`FAIL`: does not match; `excl`: excluded (reason below); blank: the CPU does not support the dtype.",
         "",
-        "| OpInfo | " + " | ".join(dtypes) + " |",
-        "| --- |" + " --- |" * len(dtypes),
     ]
-    for op, row in by_op.items():
-        lines.append(f"| {op} | " + " | ".join(row.get(d, "") for d in dtypes) + " |")
+    return lines + _status_table("OpInfo", by_op, dtypes)
+
+
+def _status_table(what: str, rows: dict, columns) -> list[str]:
+    """A markdown table: one row per name, one column per dtype, each cell its mark."""
+    lines = [f"| {what} | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    lines += [f"| {name} | " + " | ".join(row.get(c, "") for c in columns) + " |" for name, row in rows.items()]
     return lines
 
 

@@ -32,8 +32,6 @@ import copy
 import dataclasses
 import functools
 import os
-import traceback
-import warnings
 
 import torch
 
@@ -327,34 +325,21 @@ def check(info, dtype, training: bool, *, max_samples=None, fallback="silent") -
     """Run every sample of one ModuleInfo in one dtype and mode (with ``max_samples``, at
     most that many, spread evenly over the list); the result says pass/fail/skip and
     which aten ops ran through the CPU fallback."""
-    from torch_jax.runtime import _stats
-
     name = name_of(info, training)
     result = _sweep.Result(name, str(dtype).replace("torch.", ""), "pass")
     if info.name in EXCLUDED:
         result.status, result.message = "skip", EXCLUDED[info.name]
         return result
-    before = dict(_stats.fallback_ops)
-    with _sweep.fallback_mode(fallback), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecated arguments in the samples warn on both devices alike
-        try:
-            torch.manual_seed(SEED)  # the same samples in every run, whatever ran before
-            inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
-            inputs = list(inputs) + _fast_path_inputs(info, dtype, requires_grad=True)
-            runnable = [(i, m) for i, m in enumerate(inputs) if m.forward_input is not None]
-            if max_samples is not None and len(runnable) > max_samples:
-                runnable = runnable[:: -(-len(runnable) // max_samples)]
-            for i, module_input in runnable:
-                check_sample(info, dtype, training, module_input, index=i)
-                result.samples += 1
-        except _sweep.Mismatch as e:
-            result.status, result.message = "fail", str(e)[:2000]
-        except Exception as e:  # noqa: BLE001
-            result.status = "fail"
-            result.message = (
-                f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])
-            )
-    result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
+    with _sweep.recording(result, fallback):
+        torch.manual_seed(SEED)  # the same samples in every run, whatever ran before
+        inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
+        inputs = list(inputs) + _fast_path_inputs(info, dtype, requires_grad=True)
+        runnable = [(i, m) for i, m in enumerate(inputs) if m.forward_input is not None]
+        if max_samples is not None and len(runnable) > max_samples:
+            runnable = runnable[:: -(-len(runnable) // max_samples)]
+        for i, module_input in runnable:
+            check_sample(info, dtype, training, module_input, index=i)
+            result.samples += 1
     return result
 
 

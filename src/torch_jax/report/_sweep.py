@@ -547,36 +547,19 @@ def _check_grads(op, dtype, sample, *, where: str, tol) -> None:
             compare(gj, gc, random=False, where=f"{where} grad[{i}]", tol=tol)
 
 
-def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="error") -> Result:
-    """Run one OpInfo in one dtype; the result says pass/fail/skip and which aten ops
-    ran through the CPU fallback."""
+@contextlib.contextmanager
+def recording(result: Result, fallback: str):
+    """The block runs one sweep case with the CPU fallback in ``fallback`` mode; a Mismatch
+    or any other error it raises becomes ``result``'s failure, and the aten ops that ran
+    through the CPU fallback go into ``result.fallback_ops``."""
     from torch_jax.runtime import _stats
 
-    name = name_of(op)
-    result = Result(name, str(dtype).replace("torch.", ""), "pass")
-    if name in EXCLUDED or (name, dtype) in EXCLUDED_PAIRS:
-        result.status, result.message = "skip", EXCLUDED.get(name) or EXCLUDED_PAIRS[(name, dtype)]
-        return result
     before = dict(_stats.fallback_ops)
-    # OpInfo samples call deprecated PyTorch APIs, which warn on both devices alike
+    # the samples call deprecated PyTorch APIs, which warn on both devices alike
     with fallback_mode(fallback), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            samples = op.sample_inputs("jax", dtype, requires_grad=False)
-            for i, sample in enumerate(samples):
-                if max_samples is not None and i >= max_samples:
-                    break
-                check_sample(op, dtype, sample, name=name, index=i, variants=variants)
-                result.samples += 1
-            if grads and dtype in GRAD_DTYPES and op.supports_autograd and name not in RANDOM:
-                tol = TOLERANCE.get((name, dtype))
-                for i, sample in enumerate(op.sample_inputs("jax", dtype, requires_grad=True)):
-                    if max_samples is not None and i >= max_samples:
-                        break
-                    if random_sample(name, sample):
-                        continue
-                    where = f"{name} {result.dtype} sample {i}"
-                    _check_grads(op, dtype, sample, where=where, tol=tol)
+            yield
         except Mismatch as e:
             result.status, result.message = "fail", str(e)[:2000]
         except Exception as e:  # noqa: BLE001
@@ -585,4 +568,30 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
                 f"{type(e).__name__}: {e}"[:2000] + "\n" + "".join(traceback.format_tb(e.__traceback__)[-3:])
             )
     result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
+
+
+def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="error") -> Result:
+    """Run one OpInfo in one dtype; the result says pass/fail/skip and which aten ops
+    ran through the CPU fallback."""
+    name = name_of(op)
+    result = Result(name, str(dtype).replace("torch.", ""), "pass")
+    if name in EXCLUDED or (name, dtype) in EXCLUDED_PAIRS:
+        result.status, result.message = "skip", EXCLUDED.get(name) or EXCLUDED_PAIRS[(name, dtype)]
+        return result
+    with recording(result, fallback):
+        samples = op.sample_inputs("jax", dtype, requires_grad=False)
+        for i, sample in enumerate(samples):
+            if max_samples is not None and i >= max_samples:
+                break
+            check_sample(op, dtype, sample, name=name, index=i, variants=variants)
+            result.samples += 1
+        if grads and dtype in GRAD_DTYPES and op.supports_autograd and name not in RANDOM:
+            tol = TOLERANCE.get((name, dtype))
+            for i, sample in enumerate(op.sample_inputs("jax", dtype, requires_grad=True)):
+                if max_samples is not None and i >= max_samples:
+                    break
+                if random_sample(name, sample):
+                    continue
+                where = f"{name} {result.dtype} sample {i}"
+                _check_grads(op, dtype, sample, where=where, tol=tol)
     return result
