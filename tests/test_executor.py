@@ -96,7 +96,7 @@ def test_loop_over_rows_compiles_once():
 def test_compile_cache_is_bounded():
     """NOTE [Bounded compile cache]: past config.cache_size computations, those not used
     since the last sweep are dropped (and compiled again if they come back)."""
-    from torch_jax.runtime import _executor
+    from torch_jax.runtime import _compile_cache
 
     before = torch_jax.config.cache_size
     torch_jax.config.cache_size = 8
@@ -105,7 +105,7 @@ def test_compile_cache_is_bounded():
         for n in range(1, 41):
             torch.ones(n, device="jax").exp()
         assert torch_jax.stats()["cache_evictions"] > 0
-        assert len(_executor._live) <= 8
+        assert _compile_cache.entries() <= 8
     finally:
         torch_jax.config.cache_size = before
 
@@ -114,11 +114,11 @@ def test_a_sweep_keeps_the_computations_just_compiled():
     """An entry compiled by the last call was used by it: a sweep right after keeps it
     (an entry counted as used only on cache hits was dropped, and the next step of a
     training loop compiled it again)."""
-    from torch_jax.runtime import _executor
+    from torch_jax.runtime import _compile_cache
 
     x = torch.randn(5, 7, device="jax")
     torch.special.erfcx(x)  # (an op and shape no other test compiles)
-    _executor._sweep()
+    _compile_cache.sweep()
     compiles = torch_jax.stats()["compiles"]
     torch.special.erfcx(x)
     assert torch_jax.stats()["compiles"] == compiles

@@ -226,9 +226,9 @@ def test_graphs_are_dropped_under_mapping_pressure(fused, monkeypatch):
     # NOTE [Bounded compile cache]: a run of many distinct graphs held one executable each
     # until the process ran out of memory mappings; under pressure the oldest half goes,
     # and a graph that comes back compiles again with the same result
-    from torch_jax.runtime import _stats
+    from torch_jax.runtime import _compile_cache
 
-    monkeypatch.setattr(_stats, "maps_pressure", lambda: True)
+    monkeypatch.setattr(_compile_cache, "maps_pressure", lambda: True)
     before = torch_jax.stats()
     results = {}
     for n in range(1, 40):

@@ -16,7 +16,7 @@ def _autoload() -> None:
 
 
 from torch_jax._config import Config, config  # noqa: E402
-from torch_jax._warnings import FallbackWarning  # noqa: E402
+from torch_jax._warnings import FallbackWarning, RecompileWarning  # noqa: E402
 from torch_jax.device._registration import initialize, register  # noqa: E402
 
 __version__ = "0.1.0"
@@ -70,6 +70,7 @@ def mark_step() -> None:
 __all__ = [
     "Config",
     "FallbackWarning",
+    "RecompileWarning",
     "config",
     "fused",
     "initialize",

@@ -61,8 +61,12 @@ class Config:
         ``fused`` records ops and runs them as one computation when a value is needed
         (NOTE [Fused eager] in runtime/_fused).
     fused_max_ops: the size cap of a fused graph (it runs when it reaches this many ops).
-    cache_size: how many compiled computations are kept (least recently used ones are
-        dropped beyond it; each holds compiled code).
+    cache_size: how many compiled computations (strict ops' and fused graphs') are kept;
+        the least recently used ones are dropped beyond it, and compile again if they
+        come back (NOTE [Bounded compile cache] in runtime/_compile_cache).
+    compile_cache_mb: the memory the compiled computations may hold, in MiB, estimated
+        from what each compilation added to the process's resident memory; the cache
+        also keeps the process under half of Linux's memory-mapping limit.
     cpu_blas: on XLA:CPU, the 2-D float32/float64 matrix products of fused graphs call the
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through
@@ -74,6 +78,7 @@ class Config:
     debug: int = dataclasses.field(default_factory=lambda: _env_int("DEBUG", 0))
     mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
     cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))
+    compile_cache_mb: int = dataclasses.field(default_factory=lambda: _env_int("COMPILE_CACHE_MB", 512))
     fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
     cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", int(_intel_cpu())) != 0)
 

@@ -3,3 +3,8 @@
 
 class FallbackWarning(UserWarning):
     """An aten op ran on the CPU because it has no JAX lowering."""
+
+
+class RecompileWarning(UserWarning):
+    """An op or fused graph keeps compiling for new shapes (NOTE [Shapes that keep
+    changing] in runtime/_recompiles)."""

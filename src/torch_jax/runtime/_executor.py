@@ -29,7 +29,7 @@ from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.runtime import _fused, _stats, _xla_options
+from torch_jax.runtime import _compile_cache, _fused, _recompiles, _stats, _xla_options
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
@@ -40,7 +40,7 @@ _Generator = torch._C.Generator
 _TO_NP = _dtypes.TO_NP
 
 # argument kinds (SL: a Scalar[], each number a run-time input like a Scalar's)
-T, OT, TL, OTL, S, OS, X, SL = range(8)
+T, OT, TL, OTL, S, OS, X, SL = range(8)  # (runtime/_recompiles reads T, OT, TL, OTL as 0-3)
 _KIND_OF_TYPE = {
     "Tensor": T,
     "Optional[Tensor]": OT,
@@ -279,8 +279,8 @@ def run(spec: OpSpec, args):
                 f"torch_jax: the JAX lowering of {spec.op} failed for these arguments ({type(e).__name__}: "
                 f"{e}); PyTorch's CPU kernel accepts them, so this is a torch_jax bug: please report it"
             ) from e
-        spec.cache[key] = entry
-        _remember(spec, key)
+        _compile_cache.admit(spec.cache, key, entry, "op")
+        _recompiles.note_op(spec, key)
         return entry.finish(args, results)
     _counters["cache_hits"] += 1
     entry.used = True
@@ -295,44 +295,6 @@ def run(spec: OpSpec, args):
     except RuntimeError as e:
         raise _freed(spec, e) or e from None
     return entry.finish(args, results)
-
-
-# NOTE [Bounded compile cache]: every compiled XLA executable holds code memory and
-# memory mappings (from a few to ~100 for a complex op; a Linux process may have only
-# vm.max_map_count, usually 65530). Training loops use a few hundred computations, but
-# sweeps over many shapes would grow without end. So the cache keeps at most
-# config.cache_size entries, and every 256 compilations it checks the process's
-# mappings: when either is too high, entries not used since the last sweep are dropped
-# (the oldest half when all were in use), and compiled again if they come back.
-_live: list = []
-
-
-def _remember(spec: OpSpec, key) -> None:
-    _live.append((spec, key))
-    if len(_live) > config.cache_size or (len(_live) % 256 == 0 and _stats.maps_pressure()):
-        _sweep()
-
-
-def _sweep() -> None:
-    kept = []
-    for s_, k in _live:
-        e = s_.cache.get(k)
-        if e is None:
-            continue
-        if e.used:
-            e.used = False
-            kept.append((s_, k))
-        else:
-            del s_.cache[k]
-    if len(kept) > config.cache_size * 3 // 4 or _stats.maps_pressure():  # still too many: drop the oldest half
-        for s_, k in kept[: len(kept) // 2]:
-            s_.cache.pop(k, None)
-        kept = kept[len(kept) // 2 :]
-    _counters["cache_evictions"] += len(_live) - len(kept)
-    _live[:] = kept
-    # JAX's tracing caches hold the jaxprs (and compiled code) of the dropped entries;
-    # the live entries keep their own compiled executables.
-    jax.clear_caches()
 
 
 def _freed(spec: OpSpec, e: Exception):
@@ -552,6 +514,7 @@ class _Entry:
         "n_groups",
         "single",
         "used",
+        "cost",
         "write_order",
     )
 
@@ -559,8 +522,10 @@ class _Entry:
         """Run the compiled computation (compiled on first use: an entry made while fused
         eager records is only traced)."""
         if self.fn is None:
+            before = _compile_cache.allocated()
             self.fn = _compile_op(self.jitted, dyn, self.index)
             self.jitted = None
+            _compile_cache.charge(self, _compile_cache.allocated() - before)
         return self.fn(*dyn)
 
     def finish(self, args, results):
@@ -631,10 +596,10 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     entry.index = index
     entry.checks = []
     entry.n_groups = groups
-    entry.used = True  # (a new entry was used by the call that made it: a sweep now keeps it)
 
     # where each tensor argument's storage array sits in dyn (for writes)
     positions = {}
+    traced_info = {}  # what tracing found: the write order and the value checks
 
     def call_lowering(dyn, out_dtypes):
         it = _Counting(dyn)
@@ -736,26 +701,37 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             v = _cast(v, t[0], t[1], spec)
             current[g] = _write(current[g], k, v, _offset(k, dyn, positions[pos]))
         outs.extend(current[g] for g in order)
-        entry.write_order = order  # the write slot (of each storage) whose box takes each array
-        entry.checks = [(exc, msg) for _, _, exc, msg in ctx.checks]
+        traced_info["write_order"] = order  # the write slot (of each storage) whose box takes each array
+        traced_info["checks"] = [(exc, msg) for _, _, exc, msg in ctx.checks]
         for flag, value, _, _ in ctx.checks:
             outs.append(jnp.stack([flag.astype(jnp.int64), value]))
         return tuple(outs)
 
     # NOTE [Compiled, not jitted]: the entry holds the AOT-compiled executable itself,
-    # so that dropping the entry (NOTE [Bounded compile cache]) frees it, whatever
-    # JAX's own tracing caches still hold.
+    # so that dropping the entry (NOTE [Bounded compile cache]) frees it. JAX's tracing
+    # and lowering caches are keyed (weakly) by the function traced, and they hold its
+    # jaxpr and lowered module for as long as it lives: with ``traced`` itself, which the
+    # entry keeps for fused graphs, that was 0.9 MB for each entry (a relu compiled for
+    # 200 shapes: 1.57 MB an entry, 0.26 with a throwaway function; jax.clear_caches()
+    # freed the difference). So JAX only ever sees throwaway wrappers (``_compile_cache.fresh``).
+    # (what tracing finds goes through traced_info, not onto the entry: ``traced`` holding
+    # the entry would make a reference cycle, which only the garbage collector frees,
+    # at 0.1-0.2 s a collection in a large process, so every eviction would wait for one)
     entry.traced = traced
-    entry.jitted = jax.jit(traced, out_shardings=_devices.sharding(index))
+    entry.jitted = jax.jit(_compile_cache.fresh(traced), out_shardings=_devices.sharding(index))
     entry.fn = None
+    entry.cost = 0
     if config.mode == "fused":
         # NOTE [Fused eager]: tracing gives the outputs' shapes and the write order and
         # value checks; XLA compiles the whole graph later, not this op
-        entry.out_avals = jax.eval_shape(traced, *dyn)
+        entry.out_avals = jax.eval_shape(_compile_cache.fresh(traced), *dyn)
     else:
         entry.out_avals = None
+        before = _compile_cache.allocated()
         entry.fn = _compile_op(entry.jitted, dyn, index)
-        entry.jitted = None
+        entry.jitted = None  # (and with it what JAX kept of its trace, before the cost is read)
+        entry.cost = _compile_cache.allocated() - before
+    entry.write_order, entry.checks = traced_info["write_order"], traced_info["checks"]
     return entry
 
 

@@ -42,7 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _cpu_blas, _stats, _xla_options
+from torch_jax.runtime import _compile_cache, _cpu_blas, _recompiles, _stats, _xla_options
 from torch_jax.tensor._storage import Pending
 
 _counters = _stats.counters
@@ -112,7 +112,7 @@ def record(entry, dyn) -> Outputs:
             refs.append(i)
         avals = entry.out_avals
         if avals is None:  # an entry compiled in strict mode
-            avals = entry.out_avals = jax.eval_shape(entry.traced, *dyn)
+            avals = entry.out_avals = jax.eval_shape(_compile_cache.fresh(entry.traced), *dyn)
         node = len(g.nodes)
         g.nodes.append((entry, tuple(refs)))
         if entry.checks:
@@ -157,9 +157,10 @@ def _run(g: _Graph, reason: str) -> None:
     wanted = tuple((p.node, p.out) for p in alive)
     # (each entry's key fixes its inputs' shapes, dtypes and kinds, and its value checks)
     key = (g.index, nodes, wanted, donated, config.cpu_blas)
-    fn = _compiled.get(key)
-    if fn is None:
+    compiled = _compiled.get(key)
+    if compiled is None:
         _counters["graphs_compiled"] += 1
+        before = _compile_cache.allocated()
         if config.debug >= 1:
             print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
         fn = jax.jit(
@@ -172,17 +173,14 @@ def _run(g: _Graph, reason: str) -> None:
         # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
         made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
         fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made, lowered))
-        # NOTE [Bounded compile cache] (runtime/_executor): by count, and every 16 graphs by
-        # the process's memory mappings (a run of many distinct graphs, such as the
-        # ModuleInfo sweep, reached vm.max_map_count and died in LLVM after ~5,000 graphs)
-        if len(_compiled) >= config.cache_size or (len(_compiled) % 16 == 15 and _stats.maps_pressure()):
-            dropped = list(_compiled)[: len(_compiled) // 2]
-            for k in dropped:
-                del _compiled[k]
-            _counters["graph_evictions"] += len(dropped)
-        _compiled[key] = fn
+        del lowered  # (what JAX kept of the trace goes with it, before the cost is read)
+        compiled = _CompiledGraph(fn, _compile_cache.allocated() - before)
+        _compile_cache.admit(_compiled, key, compiled, "graph")  # NOTE [Bounded compile cache]
+        _recompiles.note_graph(nodes, g.inputs)
     else:
         _counters["graph_cache_hits"] += 1
+        compiled.used = True
+        fn = compiled.fn
     _counters["donated_buffers"] += len(donated)
     recent.append(_weakref(fn))
     results = fn(*g.inputs)
@@ -200,6 +198,15 @@ def _run(g: _Graph, reason: str) -> None:
     if checks:
         _deferred.append(([c for n in g.checked for c in nodes[n][0].checks], results[-1]))
     check_deferred(None if reason not in _ASYNC else earlier)
+
+
+class _CompiledGraph:
+    """A graph's executable in the compile cache (NOTE [Bounded compile cache])."""
+
+    __slots__ = ("fn", "used", "cost")
+
+    def __init__(self, fn, cost: int):
+        self.fn, self.used, self.cost = fn, True, cost
 
 
 def _donatable(inputs, alive) -> tuple:

@@ -96,3 +96,12 @@ def keep_freed_blocks(platform: str) -> bool:
                 "torch_jax/runtime/_host_memory)"
             )
     return applied
+
+
+def trim() -> None:
+    """Hand the heap's free memory back to the system (glibc's ``malloc_trim``, which
+    also releases free pages inside the heap), at the rare moments the compile cache
+    drops entries (NOTE [Bounded compile cache])."""
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if malloc_trim is not None:
+        malloc_trim(0)

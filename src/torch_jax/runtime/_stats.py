@@ -18,6 +18,9 @@ def snapshot() -> dict:
     from torch_jax.runtime import _fused
 
     out["materializations"] = dict(_fused.materializations)
+    from torch_jax.runtime import _recompiles
+
+    out["shape_churn"] = dict(_recompiles.churn)
     return out
 
 
@@ -27,18 +30,3 @@ def reset() -> None:
     counters.clear()
     fallback_ops.clear()
     _fused.materializations.clear()
-
-
-def maps_pressure() -> bool:
-    """Whether the process holds more than half of the memory mappings Linux allows it
-    (``vm.max_map_count``): every compiled executable holds some (NOTE [Bounded compile
-    cache] in runtime/_executor), and past the limit LLVM cannot map code and the process
-    dies. Both compile caches check it."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            used = sum(1 for _ in f)
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-    except OSError:
-        return False
-    return used > limit // 2

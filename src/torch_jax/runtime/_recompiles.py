@@ -1,0 +1,170 @@
+"""Telling the user when an op or a fused graph keeps compiling for new shapes.
+
+NOTE [Shapes that keep changing]: XLA compiles a computation for fixed shapes, so a
+program whose shapes keep changing (variable-length batches, a growing KV cache)
+compiles its ops again for every new size, at ~20 ms an op on XLA:CPU, where PyTorch's
+CPU kernels take any shape. A fixed-shape program compiles everything in its first steps
+and then nothing. So a compilation is noted by what it would share with the op's other
+compilations if one size were not there: each size in the op's tensor shapes is masked
+in turn (wherever the value appears, int arguments included), and when ``THRESHOLD`` compilations differ only in the
+value at one mask (the same op, dtypes and other sizes), that op "keeps compiling" in
+the dimension the mask marks. Only the sizes of tensors count: an op compiled again for
+each value of an int argument (``select_backward``'s index, in a loop over a sequence)
+compiles a fixed set of computations in a fixed-shape program, once. A fused graph keeps compiling when ``THRESHOLD`` graphs of
+one structure (the same ops, connected the same way) differ in their shapes. The first
+time either happens the process warns once (``RecompileWarning``), naming the op or
+graph and the dimension, and what helps; ``torch_jax.stats()["shape_churn"]`` counts
+the ops and graphs found.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+from torch_jax._warnings import RecompileWarning
+
+THRESHOLD = 8
+_MAX_NOTES = 1 << 16  # (the memory of what was compiled is cleared past this many)
+_sizes: dict = {}  # masked key -> the size values seen at its mask
+_shapes: dict = {}  # fused graph structure -> [distinct keys, the inputs' shapes of the last]
+churn: collections.Counter = collections.Counter()  # op or graph -> compilations seen churning
+_warned = False
+
+HELP = (
+    "Each new shape compiles it again. Padding that dimension to a few sizes helps: to a "
+    "multiple of 64 or a power of two (Hugging Face tokenizers and collators: "
+    "pad_to_multiple_of=64), or for generation a static KV cache "
+    "(generate(..., cache_implementation='static')). torch_jax.stats()['shape_churn'] counts "
+    "the ops and graphs that keep compiling."
+)
+
+
+def _tensor(desc):
+    """A tensor argument's (logical shape, dtype) from its key (runtime/_executor's
+    _describe), or None for anything else."""
+    if desc is None or desc.__class__ is not tuple or not desc:
+        return None
+    head = desc[0]
+    if head.__class__ is tuple:  # (shape, dtype)
+        return desc
+    if head == "v":
+        return (desc[4], desc[7])
+    if head == "u":
+        return (desc[1], desc[2])
+    if head == "m":
+        return _tensor(desc[1])
+    return None
+
+
+_TENSOR, _TENSOR_LIST = (0, 1), (2, 3)  # (runtime/_executor's kinds: T, OT and TL, OTL)
+
+
+def _skeleton(spec, key):
+    """The key without what does not name shapes: tensors as (shape, dtype)."""
+    out = []
+    for kind, arg in zip(spec.kinds, key[: len(spec.kinds)]):
+        t = _tensor(arg) if kind in _TENSOR else None
+        if t is not None:
+            out.append(("T",) + t)
+        elif kind in _TENSOR_LIST and arg is not None:
+            out.append(("TL",) + tuple(x for x in map(_tensor, arg) if x is not None))
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+def _sizes_of(skeleton) -> set:
+    """The sizes (over 1) of the tensor arguments' dims."""
+    found = set()
+    for arg in skeleton:
+        if arg.__class__ is tuple and arg and arg[0] == "T":
+            found.update(n for n in arg[1] if n > 1)
+        elif arg.__class__ is tuple and arg and arg[0] == "TL":
+            for shape, _ in arg[1:]:
+                found.update(n for n in shape if n > 1)
+    return found
+
+
+def _mask(x, v):
+    if x.__class__ is int and x == v:
+        return "*"
+    if x.__class__ is tuple:
+        return tuple(_mask(y, v) for y in x)
+    return x
+
+
+def _where(skeleton, names, v) -> str:
+    """Which argument and dimension hold ``v`` (the first place)."""
+    for name, arg in zip(names, skeleton):
+        if arg.__class__ is tuple and arg and arg[0] == "T" and v in arg[1]:
+            return f"dimension {arg[1].index(v)} of argument {name!r}"
+        if arg.__class__ is tuple and arg and arg[0] == "TL":
+            for j, t in enumerate(arg[1:]):
+                if v in t[0]:
+                    return f"dimension {t[0].index(v)} of tensor {j} of argument {name!r}"
+        if v in _flat(arg):
+            return f"argument {name!r}"
+    return "a size"
+
+
+def _flat(x):
+    return [y for z in x for y in _flat(z)] if x.__class__ is tuple else [x]
+
+
+def note_op(spec, key) -> None:
+    """An op compiled for ``key``: note it, and warn if it keeps compiling for new sizes."""
+    skeleton = _skeleton(spec, key)
+    found = _sizes_of(skeleton)
+    if len(_sizes) > _MAX_NOTES:
+        _sizes.clear()
+    name = _op_name(spec.op)
+    for v in found:
+        masked = (spec.op, _mask(skeleton, v))
+        seen = _sizes.setdefault(masked, set())
+        if len(seen) < THRESHOLD:
+            seen.add(v)
+            if len(seen) == THRESHOLD:
+                churn[name] += 1
+                _warn(f"{name} keeps compiling for new shapes: {_where(skeleton, spec.names, v)} has taken "
+                      f"{THRESHOLD} sizes ({', '.join(map(str, sorted(seen)))}).")  # fmt: skip
+
+
+def note_graph(nodes, inputs) -> None:
+    """A fused graph compiled: warn if graphs of its structure keep compiling for new shapes."""
+    structure = tuple((entry.spec.op, refs) for entry, refs in nodes)
+    shapes = [getattr(v, "shape", None) for v in inputs]
+    if len(_shapes) > _MAX_NOTES:
+        _shapes.clear()
+    seen = _shapes.get(structure)
+    if seen is None:
+        _shapes[structure] = [1, shapes]
+        return
+    before, seen[1] = seen[1], shapes
+    seen[0] += 1
+    if seen[0] != THRESHOLD:
+        return
+    name = f"a fused graph of {len(nodes)} ops ({', '.join(_op_name(e.spec.op) for e, _ in nodes[:3])}, ...)"
+    churn[name] += 1
+    changed = [
+        f"dimension {d} of input {i} ({a[d]} -> {b[d]})"
+        for i, (a, b) in enumerate(zip(before, shapes))
+        if a is not None and b is not None and len(a) == len(b)
+        for d in range(len(a))
+        if a[d] != b[d]
+    ]
+    where = "; ".join(changed[:3]) or "its inputs' shapes"
+    _warn(f"{name} keeps compiling for new shapes ({THRESHOLD} shapes so far): {where}.")
+
+
+def _op_name(op) -> str:
+    name = op._schema.name.replace("::", ".")
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+def _warn(what: str) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn(f"torch_jax: {what} {HELP}", RecompileWarning, stacklevel=2)
