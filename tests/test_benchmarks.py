@@ -51,3 +51,22 @@ def test_the_profile_counts_the_products_and_splits_the_kernel_time(tmp_path):
     assert kinds[PRODUCTS] > 0 and 0 < sum(kinds.values()) <= fused["busy_ms"] * 1.001
     text = (tmp_path / "profile.md").read_text()
     assert "| matrix products |" in text and "at most **" in text
+
+
+def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_path):
+    """benchmarks/shapes.py: the changing-length training loop on 10 lengths, the CPU and
+    fused eager each in a fresh process; the same losses, one warning (past 8 lengths)."""
+    from benchmarks.shapes import main
+
+    report = main(["--only", "training", "--lengths", "10", "--variants", "cpu,fused", "--out", str(tmp_path)])
+    (results,) = report["results"].values()
+    cpu, fused = results["cpu"], results["fused"]
+    assert "error" not in cpu and "error" not in fused, results
+    assert len(fused["result"]) == len(cpu["result"]) == 10
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(fused["result"], cpu["result"]))
+    assert fused["vs_cpu"].startswith("losses within") and fused["ratio"] > 0
+    assert fused["recompile_warnings"] == 1 and fused["stats"]["graphs_compiled"] >= 10
+    assert fused["peak_mappings"] > 0 and cpu["peak_rss_mb"] > 0 and fused["peak_rss_mb"] > 0
+    text = (tmp_path / "shapes.md").read_text()
+    assert "| changing-length training loop (lengths 1..10, scrambled) | jax fused eager |" in text
+    assert json.loads((tmp_path / "shapes.json").read_text())["results"]

@@ -79,3 +79,54 @@ def test_evicted_computations_compile_again_with_the_same_results():
     assert torch.equal((x * 3).cpu(), first)
     if torch_jax.config.mode == "strict":
         assert torch_jax.stats().get("recompiles", 0) > before
+
+
+def _decode(x, cache, w):
+    """A token's step with a growing cache: 20 fixed-shape ops, then a concatenation
+    along the cache's length and a reduction over it."""
+    for _ in range(10):
+        x = torch.tanh(x @ w)
+    cache = torch.cat([cache, x], dim=0)
+    return cache, (cache * x).sum()
+
+
+def test_a_fused_graph_that_keeps_changing_shape_runs_op_by_op(fresh_warning, monkeypatch):
+    """NOTE [One-off graphs run op by op]: once a fused graph keeps compiling, a new shape
+    whose ops are mostly compiled already runs op by op (strict's computations, cached
+    per op), not as a new whole graph; results as the CPU's."""
+    monkeypatch.setattr(_recompiles, "_op_compiles", [0, 0.0])
+    w = torch.randn(8, 8) / 3
+    cpu = [torch.randn(1, 8), torch.zeros(0, 8)]
+    dev = [t.to("jax") for t in cpu]
+    before = torch_jax.stats()
+    with torch_jax.fused():
+        for _ in range(30):
+            cpu[1], want = _decode(cpu[0], cpu[1], w)
+            dev[1], got = _decode(dev[0], dev[1], w.to("jax"))
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    after = torch_jax.stats()
+    graphs, by_op = (after.get(k, 0) - before.get(k, 0) for k in ("graphs_compiled", "graphs_op_by_op"))
+    # the first THRESHOLD shapes compile graphs; then every new length runs op by op
+    # (its 20 fixed-shape ops cost nothing new, only the two that see the length)
+    assert graphs <= _recompiles.THRESHOLD + 1 and by_op >= 30 - _recompiles.THRESHOLD - 1, (graphs, by_op)
+
+
+def test_a_graph_runs_op_by_op_only_where_that_compiles_less(monkeypatch):
+    """The choice itself: op by op when the ops not yet compiled, at the mean op's
+    compile time, cost less than the structure's last graph, and only once it keeps
+    changing shape."""
+
+    class Entry:
+        def __init__(self, fn):
+            self.spec, self.fn = type("Spec", (), {"op": torch.ops.aten.add.Tensor})(), fn
+
+    compiled, new = Entry(fn=object()), [Entry(fn=None) for _ in range(3)]
+    nodes = [(compiled, (0,)), (compiled, (1,))] + [(e, (2,)) for e in new]
+    key = _recompiles.structure(nodes)
+    monkeypatch.setattr(_recompiles, "_op_compiles", [10, 0.2])  # 20 ms an op
+    monkeypatch.setattr(_recompiles, "_shapes", {key: [_recompiles.THRESHOLD - 1, [], 1.0]})
+    assert not _recompiles.op_by_op(nodes)  # (not yet changing shape)
+    _recompiles._shapes[key][0] = _recompiles.THRESHOLD
+    assert _recompiles.op_by_op(nodes)  # 3 new ops, 60 ms < 1 s
+    _recompiles._shapes[key][2] = 0.05
+    assert not _recompiles.op_by_op(nodes)  # 60 ms > 50 ms

@@ -18,6 +18,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -738,9 +739,11 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
 def _compile_op(jitted, dyn, index: int):
     """The executable of one op's computation (NOTE [Cheap compilation of small
     computations] in runtime/_xla_options)."""
+    start = time.perf_counter()
     lowered = jitted.lower(*dyn)
     outs = [o.shape for o in jax.tree.leaves(lowered.out_info)]
     compiled = lowered.compile(compiler_options=_xla_options.compile_options(index, dyn, outs, lowered))
+    _recompiles.note_op_compile(time.perf_counter() - start)
     return cpp_call(compiled)
 
 

@@ -32,6 +32,7 @@ import collections
 import contextlib
 import sys
 import threading
+import time
 import weakref
 
 import jax
@@ -158,32 +159,18 @@ def _run(g: _Graph, reason: str) -> None:
     # (each entry's key fixes its inputs' shapes, dtypes and kinds, and its value checks)
     key = (g.index, nodes, wanted, donated, config.cpu_blas)
     compiled = _compiled.get(key)
-    if compiled is None:
-        _counters["graphs_compiled"] += 1
-        before = _compile_cache.allocated()
-        if config.debug >= 1:
-            print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
-        fn = jax.jit(
-            _replay(nodes, wanted, checks),
-            out_shardings=_devices.sharding(g.index),
-            donate_argnums=donated,
-        )
-        with _cpu_blas.in_graph():
-            lowered = fn.lower(*g.inputs)
-        # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
-        made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
-        fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made, lowered))
-        del lowered  # (what JAX kept of the trace goes with it, before the cost is read)
-        compiled = _CompiledGraph(fn, _compile_cache.allocated() - before)
-        _compile_cache.admit(_compiled, key, compiled, "graph")  # NOTE [Bounded compile cache]
-        _recompiles.note_graph(nodes, g.inputs)
+    if compiled is None and _recompiles.op_by_op(nodes):
+        results, flags = _op_by_op(g.inputs, nodes, wanted, checks)
     else:
-        _counters["graph_cache_hits"] += 1
-        compiled.used = True
-        fn = compiled.fn
-    _counters["donated_buffers"] += len(donated)
-    recent.append(_weakref(fn))
-    results = fn(*g.inputs)
+        if compiled is None:
+            compiled = _compile(g, nodes, wanted, checks, donated, key, reason)
+        else:
+            _counters["graph_cache_hits"] += 1
+            compiled.used = True
+        _counters["donated_buffers"] += len(donated)
+        recent.append(_weakref(compiled.fn))
+        results = compiled.fn(*g.inputs)
+        flags = results[-1] if checks else None
     for p, r in zip(alive, results):
         p.value = r
     _devices.last[g.index] = results
@@ -196,8 +183,43 @@ def _run(g: _Graph, reason: str) -> None:
         jax.block_until_ready(results)
     earlier = len(_deferred)  # (checks of the graphs before this one, which is dispatched now)
     if checks:
-        _deferred.append(([c for n in g.checked for c in nodes[n][0].checks], results[-1]))
+        _deferred.append(([c for n in g.checked for c in nodes[n][0].checks], flags))
     check_deferred(None if reason not in _ASYNC else earlier)
+
+
+def _compile(g: _Graph, nodes, wanted, checks, donated, key, reason: str) -> _CompiledGraph:
+    _counters["graphs_compiled"] += 1
+    start, before = time.perf_counter(), _compile_cache.allocated()
+    if config.debug >= 1:
+        print(f"[torch_jax] compiling a fused graph of {len(nodes)} ops ({reason})")
+    fn = jax.jit(
+        _replay(nodes, wanted, checks),
+        out_shardings=_devices.sharding(g.index),
+        donate_argnums=donated,
+    )
+    with _cpu_blas.in_graph():
+        lowered = fn.lower(*g.inputs)
+    # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
+    made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
+    fn = lowered.compile(compiler_options=_xla_options.compile_options(g.index, g.inputs, made, lowered))
+    del lowered  # (what JAX kept of the trace goes with it, before the cost is read)
+    compiled = _CompiledGraph(fn, _compile_cache.allocated() - before)
+    _compile_cache.admit(_compiled, key, compiled, "graph")  # NOTE [Bounded compile cache]
+    _recompiles.note_graph(nodes, g.inputs, time.perf_counter() - start)
+    return compiled
+
+
+def _op_by_op(inputs, nodes, wanted, checks):
+    """Run a graph's ops one at a time through their own computations (NOTE [One-off
+    graphs run op by op] in runtime/_recompiles): its wanted results, and the value
+    checks' flags (a list, one pair per check)."""
+    _counters["graphs_op_by_op"] += 1
+    env = {}
+    for n, (entry, refs) in enumerate(nodes):
+        args = [inputs[r] if r.__class__ is int else env[r] for r in refs]
+        for k, o in enumerate(entry.run(args)):
+            env[(n, k)] = o
+    return [env[w] for w in wanted], [env[c] for c in checks] if checks else None
 
 
 class _CompiledGraph:

@@ -130,17 +130,23 @@ def note_op(spec, key) -> None:
                       f"{THRESHOLD} sizes ({', '.join(map(str, sorted(seen)))}).")  # fmt: skip
 
 
-def note_graph(nodes, inputs) -> None:
-    """A fused graph compiled: warn if graphs of its structure keep compiling for new shapes."""
-    structure = tuple((entry.spec.op, refs) for entry, refs in nodes)
+def structure(nodes) -> tuple:
+    """A fused graph's structure: its ops and how they connect, without shapes."""
+    return tuple((entry.spec.op, refs) for entry, refs in nodes)
+
+
+def note_graph(nodes, inputs, seconds: float) -> None:
+    """A fused graph compiled, in ``seconds``: warn if graphs of its structure keep
+    compiling for new shapes."""
+    key = structure(nodes)
     shapes = [getattr(v, "shape", None) for v in inputs]
     if len(_shapes) > _MAX_NOTES:
         _shapes.clear()
-    seen = _shapes.get(structure)
+    seen = _shapes.get(key)
     if seen is None:
-        _shapes[structure] = [1, shapes]
+        _shapes[key] = [1, shapes, seconds]
         return
-    before, seen[1] = seen[1], shapes
+    before, seen[1], seen[2] = seen[1], shapes, seconds
     seen[0] += 1
     if seen[0] != THRESHOLD:
         return
@@ -168,3 +174,38 @@ def _warn(what: str) -> None:
         return
     _warned = True
     warnings.warn(f"torch_jax: {what} {HELP}", RecompileWarning, stacklevel=2)
+
+
+# NOTE [One-off graphs run op by op]: a fused graph compiles as a whole, so a graph whose
+# shapes keep changing compiles every op of it again for each new shape, where strict
+# mode compiles only the ops whose shapes changed: in generation with a growing KV cache
+# the new token's projections, norms and MLPs keep their shapes and only attention's
+# few ops see the cache's length (a 2-layer GPT-2: a 76-op graph a token, against a few
+# ops). So once a graph's structure keeps compiling (``THRESHOLD`` shapes), a new shape
+# of it runs op by op, each op through its strict-mode computation (compiled once per
+# shape and cached like any strict op), whenever that is estimated cheaper: the ops not
+# yet compiled, at the mean time an op's compilation has taken in this process, against
+# the time the structure's last graph took to compile (before any op has compiled, op by
+# op, which measures it). A training step whose every op
+# sees the new length compiles faster as one graph than as its ops (a 20-op step: one
+# graph in ~0.35 s, its ops in ~0.7 s), and keeps doing so; generation runs its new
+# tokens op by op. Either way fused mode spends no more on a graph it sees once than
+# strict mode would, and results are the same ops' results (strict mode's).
+_op_compiles = [0, 0.0]  # op compilations timed, their seconds
+
+
+def note_op_compile(seconds: float) -> None:
+    _op_compiles[0] += 1
+    _op_compiles[1] += seconds
+
+
+def op_by_op(nodes) -> bool:
+    """Whether a fused graph not compiled for its shapes should run op by op (NOTE
+    [One-off graphs run op by op])."""
+    seen = _shapes.get(structure(nodes))
+    if seen is None or seen[0] < THRESHOLD:
+        return False
+    if not _op_compiles[0]:
+        return True  # (no op compiled yet in this process: this run measures what one costs)
+    new = len({id(entry) for entry, _ in nodes if entry.fn is None})
+    return new * _op_compiles[1] / _op_compiles[0] < seen[2]
