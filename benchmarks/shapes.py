@@ -133,7 +133,7 @@ def child(program: str, variant: str, size: int) -> dict:
         stats = torch_jax.stats()
         out["stats"] = {
             k: stats.get(k, 0)
-            for k in ("compiles", "graphs_compiled", "cache_evictions", "graph_evictions", "recompiles")
+            for k in ("compiles", "graphs_compiled", "graphs_op_by_op", "cache_evictions", "graph_evictions")
         }
         out["recompile_warnings"] = sum(1 for w in caught if issubclass(w.category, torch_jax.RecompileWarning))
     return out
@@ -223,7 +223,7 @@ def markdown(report: dict) -> str:
         "Each variant ran once in a fresh process; time is the whole run, compilations included; "
         "peak RSS is the process's (imports included).",
         "",
-        "| program | variant | time | vs CPU | peak RSS | peak mappings | compilations | evictions | "
+        "| program | variant | time | vs CPU | peak RSS | peak mappings | compilations (op computations traced, graphs) | evictions | "
         "result vs CPU | warnings |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -237,6 +237,8 @@ def markdown(report: dict) -> str:
             s = r.get("stats")
             if s:
                 graphs = f", {s['graphs_compiled']} graphs" if s["graphs_compiled"] else ""
+                if s["graphs_op_by_op"]:
+                    graphs += f" ({s['graphs_op_by_op']} run op by op)"
                 evictions = s["cache_evictions"] + s["graph_evictions"]
                 cells += [f"{s['compiles']} ops{graphs}", str(evictions), r["vs_cpu"], str(r["recompile_warnings"])]
             else:

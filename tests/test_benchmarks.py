@@ -65,7 +65,8 @@ def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_
     assert len(fused["result"]) == len(cpu["result"]) == 10
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(fused["result"], cpu["result"]))
     assert fused["vs_cpu"].startswith("losses within") and fused["ratio"] > 0
-    assert fused["recompile_warnings"] == 1 and fused["stats"]["graphs_compiled"] >= 10
+    assert fused["recompile_warnings"] == 1
+    assert fused["stats"]["graphs_compiled"] + fused["stats"]["graphs_op_by_op"] >= 10  # (a graph a length)
     assert fused["peak_mappings"] > 0 and cpu["peak_rss_mb"] > 0 and fused["peak_rss_mb"] > 0
     text = (tmp_path / "shapes.md").read_text()
     assert "| changing-length training loop (lengths 1..10, scrambled) | jax fused eager |" in text

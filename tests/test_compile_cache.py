@@ -82,9 +82,9 @@ def test_evicted_computations_compile_again_with_the_same_results():
 
 
 def _decode(x, cache, w):
-    """A token's step with a growing cache: 20 fixed-shape ops, then a concatenation
+    """A token's step with a growing cache: 60 fixed-shape ops, then a concatenation
     along the cache's length and a reduction over it."""
-    for _ in range(10):
+    for _ in range(30):
         x = torch.tanh(x @ w)
     cache = torch.cat([cache, x], dim=0)
     return cache, (cache * x).sum()
@@ -99,22 +99,22 @@ def test_a_fused_graph_that_keeps_changing_shape_runs_op_by_op(fresh_warning, mo
     cpu = [torch.randn(1, 8), torch.zeros(0, 8)]
     dev = [t.to("jax") for t in cpu]
     before = torch_jax.stats()
-    with torch_jax.fused():
+    with torch_jax.fused(), config_as(bucketing="off"):  # (every length a new shape: no buckets)
         for _ in range(30):
             cpu[1], want = _decode(cpu[0], cpu[1], w)
             dev[1], got = _decode(dev[0], dev[1], w.to("jax"))
             torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     after = torch_jax.stats()
     graphs, by_op = (after.get(k, 0) - before.get(k, 0) for k in ("graphs_compiled", "graphs_op_by_op"))
-    # the first THRESHOLD shapes compile graphs; then every new length runs op by op
-    # (its 20 fixed-shape ops cost nothing new, only the two that see the length)
-    assert graphs <= _recompiles.THRESHOLD + 1 and by_op >= 30 - _recompiles.THRESHOLD - 1, (graphs, by_op)
+    # the first shapes compile graphs; then every new length runs op by op (its 60
+    # fixed-shape ops cost nothing new, only the two that see the length)
+    assert graphs <= _recompiles._OP_BY_OP_AFTER + 1 and by_op >= 30 - _recompiles._OP_BY_OP_AFTER - 1, (graphs, by_op)
 
 
 def test_a_graph_runs_op_by_op_only_where_that_compiles_less(monkeypatch):
     """The choice itself: op by op when the ops not yet compiled, at the mean op's
-    compile time, cost less than the structure's last graph, and only once it keeps
-    changing shape."""
+    compile time, cost less than the structure's last graph, only once graphs of its
+    structure have compiled for two shapes, and only the first time a key is seen."""
 
     class Entry:
         def __init__(self, fn):
@@ -124,9 +124,11 @@ def test_a_graph_runs_op_by_op_only_where_that_compiles_less(monkeypatch):
     nodes = [(compiled, (0,)), (compiled, (1,))] + [(e, (2,)) for e in new]
     key = _recompiles.structure(nodes)
     monkeypatch.setattr(_recompiles, "_op_compiles", [10, 0.2])  # 20 ms an op
-    monkeypatch.setattr(_recompiles, "_shapes", {key: [_recompiles.THRESHOLD - 1, [], 1.0]})
-    assert not _recompiles.op_by_op(nodes)  # (not yet changing shape)
-    _recompiles._shapes[key][0] = _recompiles.THRESHOLD
-    assert _recompiles.op_by_op(nodes)  # 3 new ops, 60 ms < 1 s
+    monkeypatch.setattr(_recompiles, "_shapes", {key: [_recompiles._OP_BY_OP_AFTER - 1, [], 1.0]})
+    monkeypatch.setattr(_recompiles, "_once", set())
+    assert not _recompiles.op_by_op(nodes, "a")  # (not yet changing shape)
+    _recompiles._shapes[key][0] = _recompiles._OP_BY_OP_AFTER
+    assert _recompiles.op_by_op(nodes, "b")  # 3 new ops, 60 ms < 1 s
+    assert not _recompiles.op_by_op(nodes, "b")  # (the same shapes again: no one-off)
     _recompiles._shapes[key][2] = 0.05
-    assert not _recompiles.op_by_op(nodes)  # 60 ms > 50 ms
+    assert not _recompiles.op_by_op(nodes, "c")  # 60 ms > 50 ms

@@ -214,7 +214,7 @@ def test_float32_convolutions_leave_ynnpack(monkeypatch, strict_mode):
     convolutions runs them on XLA's own convolution, its products still on YNNPACK; a
     float64 convolution keeps XLA's defaults (YNNPACK), as does a computation without
     convolutions."""
-    from torch_jax.runtime import _xla_options
+    from torch_jax.runtime import _recompiles, _xla_options
 
     _cpu_only()
     seen = []
@@ -226,6 +226,8 @@ def test_float32_convolutions_leave_ynnpack(monkeypatch, strict_mode):
         return exe
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    # (graphs of one structure with new shapes may run op by op: NOTE [One-off graphs run op by op])
+    monkeypatch.setattr(_recompiles, "_shapes", {})
     conv = _xla_options.CONV_OPTIONS
     x = torch.randn(2, 64, 21, 19)  # (shapes no other test uses: these compile)
     w = torch.randn(64, 64, 3, 3) / 24
@@ -233,6 +235,7 @@ def test_float32_convolutions_leave_ynnpack(monkeypatch, strict_mode):
         xd, wd = x.to(dtype), w.to(dtype)
         for fused in (False, True):
             seen.clear()
+            _recompiles._shapes.clear()
             with torch_jax.fused() if fused else contextlib.nullcontext():
                 got = torch.nn.functional.conv2d(xd.to("jax"), wd.to("jax"), padding=1).cpu()
             torch.testing.assert_close(got, torch.nn.functional.conv2d(xd, wd, padding=1))

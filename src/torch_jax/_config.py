@@ -11,6 +11,7 @@ import os
 
 _FALLBACK_MODES = ("warn", "silent", "error")
 _MODES = ("strict", "fused")
+_BUCKETING = ("auto", "off", "force")
 
 
 def _env_str(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -67,6 +68,10 @@ class Config:
     compile_cache_mb: the memory the compiled computations may hold, in MiB, estimated
         from what each compilation added to the process's resident memory; the cache
         also keeps the process under half of Linux's memory-mapping limit.
+    bucketing: ``auto`` (the default): the ops that know buckets put a tensor whose length
+        keeps growing (a KV cache) into arrays of a few sizes once they keep compiling
+        for new shapes, so that a new length compiles nothing; ``off``; ``force``: at every
+        call they can (the tests' setting) (NOTE [Buckets] in runtime/_buckets).
     cpu_blas: on XLA:CPU, the 2-D float32/float64 matrix products of fused graphs call the
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through
@@ -80,11 +85,14 @@ class Config:
     cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))
     compile_cache_mb: int = dataclasses.field(default_factory=lambda: _env_int("COMPILE_CACHE_MB", 512))
     fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
+    bucketing: str = dataclasses.field(default_factory=lambda: _env_str("BUCKETING", "auto", _BUCKETING))
     cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", int(_intel_cpu())) != 0)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:
             raise ValueError(f"config.fallback must be one of {_FALLBACK_MODES}, got {value!r}")
+        if name == "bucketing" and value not in _BUCKETING:
+            raise ValueError(f"config.bucketing must be one of {_BUCKETING}, got {value!r}")
         if name == "mode" and value not in _MODES:
             raise ValueError(f"config.mode must be one of {_MODES}, got {value!r}")
         if not hasattr(type(self), "__dataclass_fields__") or name not in type(self).__dataclass_fields__:

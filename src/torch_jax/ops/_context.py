@@ -28,6 +28,30 @@ class TraceContext:
     checks: list = dataclasses.field(default_factory=list)  # (flag, value, exc_type, message)
     rng: object = None  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
     contiguous: dict = dataclasses.field(default_factory=dict)  # schema position -> is_contiguous()
+    bucket: tuple | None = None  # NOTE [Buckets] (runtime/_buckets): this call's plan, for the ops that know buckets
+
+
+class PaddedValue:
+    """A tensor argument or result in a bucket (NOTE [Buckets] in runtime/_buckets):
+    ``arr`` is larger than the tensor along ``dim``, whose logical size is ``length``
+    (a traced integer; None for a result, whose length the executor knows)."""
+
+    __slots__ = ("arr", "dim", "length")
+
+    def __init__(self, arr, dim: int, length=None):
+        self.arr, self.dim, self.length = arr, dim, length
+
+
+def pad_fill(dtype):
+    """What fills a bucket past a tensor's length: NaN, or the largest value of an
+    integer or bool dtype, so that a rule that read it would show."""
+    import jax.numpy as jnp
+
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return np.nan
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return True
+    return jnp.iinfo(dtype).max
 
 
 def current() -> TraceContext:

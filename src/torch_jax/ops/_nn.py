@@ -509,8 +509,27 @@ def _key_from_words(seed, offset):
     return _context.key_from_words(rng)
 
 
+def _attention_in_bucket(k, v, d: int, bucket: int):
+    """Keys and values as ``bucket`` positions along ``d`` (padded here if they come
+    plain), the values past the length zeroed, and the mask of the valid positions."""
+    if isinstance(k, _context.PaddedValue):
+        length, k, v = k.length, k.arr, v.arr
+    else:
+        length = k.shape[d]
+        widths = [(0, 0)] * k.ndim
+        widths[d] = (0, bucket - length)
+        k = jnp.pad(k, widths, constant_values=_context.pad_fill(k.dtype))
+        v = jnp.pad(v, widths, constant_values=_context.pad_fill(v.dtype))
+    valid = lax.iota(jnp.int64, bucket) < length
+    v = jnp.where(valid[:, None], v, jnp.zeros((), v.dtype))
+    return k, v, valid
+
+
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
 def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    plan = _context.current().bucket
+    if plan is not None:  # NOTE [Buckets] (runtime/_buckets): keys and values in a bucket
+        k, v, attn_bias = _attention_in_bucket(k, v, plan[1], plan[2])
     out, lse = _sdpa_forward(q, k, v, attn_bias, dropout_p, is_causal, scale, _context.rng_key())
     seed, offset = _philox_words(_context.current().rng)
     # the logsumexp as PyTorch's meta function has it: float32, (B, H, L) (B = 1 for 3-D)

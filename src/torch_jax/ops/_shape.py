@@ -17,11 +17,34 @@ from torch_jax.tensor import _strided
 @lower(aten.cat.default)
 def cat(tensors, dim=0):
     out = _context.out_dtype()
+    plan = _context.current().bucket
+    if plan is not None:
+        return _cat_into_bucket(tensors, plan[1], plan[2], out)
     # legacy: 1-D empty tensors are skipped whatever their dim
     parts = [cast(t, out) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not parts:
         return jnp.zeros((0,), out)
     return jnp.concatenate(parts, axis=dim % parts[0].ndim)
+
+
+def _cat_into_bucket(tensors, d: int, bucket: int, dtype):
+    """cat along ``d`` into an array of ``bucket`` positions (NOTE [Buckets] in
+    runtime/_buckets): each input at its offset, the first one possibly padded."""
+    first = tensors[0]
+    shape = list((first.arr if isinstance(first, _context.PaddedValue) else first).shape)
+    shape[d] = bucket
+    if isinstance(first, _context.PaddedValue) and first.arr.shape[d] == bucket:
+        buf, at, rest = cast(first.arr, dtype), first.length, tensors[1:]
+    else:
+        buf, at, rest = jnp.full(shape, _context.pad_fill(dtype), dtype), 0, tensors
+    for t in rest:
+        if isinstance(t, _context.PaddedValue):
+            buf = lax.dynamic_update_slice_in_dim(buf, cast(t.arr, dtype), at, d)
+            at = at + t.length
+        else:
+            buf = lax.dynamic_update_slice_in_dim(buf, cast(t, dtype), at, d)
+            at = at + t.shape[d]
+    return _context.PaddedValue(buf, d)
 
 
 @lower(aten.tril.default)

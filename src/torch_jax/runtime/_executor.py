@@ -30,13 +30,14 @@ from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.runtime import _compile_cache, _fused, _recompiles, _stats, _xla_options
+from torch_jax.runtime import _buckets, _compile_cache, _fused, _recompiles, _stats, _xla_options
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
 _last = _devices.last
 Tensor = torch.Tensor
 _Pending = _storage.Pending
+_Padded = _storage.Padded
 _Generator = torch._C.Generator
 _TO_NP = _dtypes.TO_NP
 
@@ -81,6 +82,7 @@ class OpSpec:
         "cache",
         "multi_write",
         "defaults",
+        "bucket",
     )
 
     def __init__(self, op, lowering, inplace: bool):
@@ -122,6 +124,7 @@ class OpSpec:
         self.random = lowering.random
         self.cache = {}
         self.multi_write = len(self.writes) > 1 or any(kinds[i] == TL for i in self.writes)
+        self.bucket = op in _buckets.PLANS  # NOTE [Buckets] (runtime/_buckets)
 
 
 _NO_DEFAULT = object()
@@ -145,9 +148,11 @@ def _device_mismatch(a: str, b: str) -> RuntimeError:
 _SLICES = "slices"
 
 
-def _describe(t, dyn: list, index: int):
+def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = False):
     """The key of one tensor argument (appending its array, if any, to ``dyn``) and the
-    device index it pins the op to."""
+    device index it pins the op to. ``padded``: the op takes this argument in its bucket
+    (NOTE [Buckets] in runtime/_buckets) if its storage is in one; ``read_only``: the
+    op does not write it, so it may read a view of such a storage in the bucket."""
     if t.__class__ is not Tensor and not isinstance(t, Tensor):
         # a Python scalar where the schema says Tensor: PyTorch's wrapped number
         dyn.append(t)
@@ -173,7 +178,24 @@ def _describe(t, dyn: list, index: int):
         desc, index = _describe(t.conj() if t.is_conj() else t._neg_view(), dyn, index)
         return ("m", desc, t.is_conj(), t.is_neg()), index
     arr = box.arr
-    if arr.__class__ is _Pending and (arr.value is not None or config.mode != "fused"):
+    if arr.__class__ is _Padded:
+        view = None if padded or not read_only else _buckets.view_in_bucket(t, arr)
+        if padded or view is not None:
+            inner = arr.arr
+            if inner.__class__ is _Pending and (inner.value is not None or config.mode != "fused"):
+                inner = arr.arr = inner.resolve("read")
+            dyn.append(inner)
+            if padded:  # (the plan checked that t is the whole storage)
+                dyn.append(arr.length)
+                return ("P", tuple(inner.shape), t.dtype, arr.dim), index
+            stride, offset = view
+            units = math.prod(inner.shape)
+            if offset:  # NOTE [Dynamic storage offsets]
+                dyn.append(offset)
+                offset = _SLICES if _strided.slices_at(units, t.shape, stride, offset) else None
+            return ("v", tuple(inner.shape), box.dtype, units, tuple(t.shape), tuple(stride), offset, t.dtype), index
+        arr = _storage.array(box)
+    elif arr.__class__ is _Pending and (arr.value is not None or config.mode != "fused"):
         arr = _storage.array(box)
     dtype = t.dtype
     if arr is not None:
@@ -198,7 +220,7 @@ def _describe(t, dyn: list, index: int):
 def _key_contiguous(k) -> bool:
     """Whether the tensor a key describes is contiguous (what ``Tensor.is_contiguous()``
     said when the key was made); the key holds the strides of every other layout."""
-    if k is None or k[0] in ("s", "c", "u") or k[0].__class__ is not str:
+    if k is None or k[0] in ("s", "c", "u", "P") or k[0].__class__ is not str:
         return True
     if k[0] == "m":
         return _key_contiguous(k[1])
@@ -217,12 +239,20 @@ def run(spec: OpSpec, args):
     dyn = []
     index = -1
     generator = None
-    for kind, a, default in zip(spec.kinds, args, spec.defaults):
+    plan = accepts = None
+    if spec.bucket:  # NOTE [Buckets] (runtime/_buckets)
+        planned = _buckets.plan(spec, args)
+        if planned is not None:
+            plan, accepts = planned
+            _counters["bucketed_ops"] += 1
+    for pos, (kind, a, default) in enumerate(zip(spec.kinds, args, spec.defaults)):
         if kind == T or kind == OT:
             if a is None:
                 key.append(None)
             else:
-                desc, index = _describe(a, dyn, index)
+                desc, index = _describe(
+                    a, dyn, index, accepts is not None and (pos, None) in accepts, pos not in spec.writes
+                )
                 key.append(desc)
         elif kind == X:
             if a.__class__ is _Generator:  # drawn from below, never part of the key
@@ -244,11 +274,13 @@ def run(spec: OpSpec, args):
             dyn.extend(a)
         else:  # TL, OTL
             descs = []
-            for x in a:
+            for j, x in enumerate(a):
                 if x is None:
                     descs.append(None)
                 else:
-                    desc, index = _describe(x, dyn, index)
+                    desc, index = _describe(
+                        x, dyn, index, accepts is not None and (pos, j) in accepts, pos not in spec.writes
+                    )
                     descs.append(desc)
             key.append(tuple(descs))
     if index < 0:
@@ -256,6 +288,8 @@ def run(spec: OpSpec, args):
     key.append(index)
     if spec.multi_write:
         key.append(_write_groups(spec, args))
+    if plan is not None:
+        key.append(plan)
     if spec.random:
         # NOTE [jax generators] in device/_accelerator
         dyn.append(_devices.next_key(index) if generator is None else _accelerator.generator_key(generator, index))
@@ -268,7 +302,7 @@ def run(spec: OpSpec, args):
         dyn = [_fused.concrete(v) for v in dyn]
     if entry is None:
         try:
-            entry = _compile(spec, args, key, index, dyn)
+            entry = _compile(spec, args, key, index, dyn, plan)
             results = _fused.record(entry, dyn) if fused else entry.run(dyn)
         except _PyTorchError as e:
             raise e.error from None
@@ -517,6 +551,8 @@ class _Entry:
         "used",
         "cost",
         "write_order",
+        "planned",
+        "padded",
     )
 
     def run(self, dyn):
@@ -530,6 +566,8 @@ class _Entry:
         return self.fn(*dyn)
 
     def finish(self, args, results):
+        if self.planned:
+            return self._finish_planned(args, results)
         if results.__class__ is not _fused.Outputs:
             if config.launch_blocking:
                 jax.block_until_ready(results)
@@ -555,6 +593,32 @@ class _Entry:
                 fresh.append(out.tensor(next(arrays)))
         if spec.writes:
             self._write_back(args, arrays)
+        return self._returns(args, fresh)
+
+    def _finish_planned(self, args, results):
+        """``finish`` for a call planned with buckets (NOTE [Buckets]): one computation
+        serves many logical shapes, so this call's Meta outputs give the results' shapes
+        and int returns; a result in its bucket goes into its storage as ``Padded``."""
+        if results.__class__ is not _fused.Outputs:
+            if config.launch_blocking:
+                jax.block_until_ready(results)
+            _last[self.index] = results
+        fresh = []
+        arrays = iter(results)
+        for i, (out, meta) in enumerate(zip(self.outs, _meta_outputs(self.spec, args))):
+            if out is None:
+                fresh.append(None)
+            elif out.__class__ is tuple:
+                fresh.append(meta)
+            elif i in self.padded:
+                padded = _storage.Padded(next(arrays), tuple(meta.shape), self.padded[i])
+                fresh.append(_buckets.template(meta, self.index).tensor(padded))
+            else:
+                fresh.append(out.tensor(next(arrays)))
+        return self._returns(args, fresh)
+
+    def _returns(self, args, fresh):
+        spec = self.spec
         if spec.returns_list:
             return fresh
         rets = []
@@ -575,7 +639,7 @@ class _Entry:
 _OVERLAP_OK = {torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
 
 
-def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
+def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
     _counters["compiles"] += 1
     if config.debug >= 1:
         print(f"[torch_jax] compiling {spec.op}")
@@ -590,7 +654,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
             )
     kinds = spec.kinds
     arg_keys = key[: len(kinds)]
-    groups = key[len(kinds) + 1] if len(key) > len(kinds) + 1 else None
+    groups = key[len(kinds) + 1] if spec.multi_write else None
     lowering = spec.lowering.fn
     entry = _Entry()
     entry.spec = spec
@@ -623,7 +687,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
                     positions[(pos, j)] = it.i
                     items.append(_read(x, it))
                 vals.append(items)
-        ctx = _context.TraceContext(spec.op, out_dtypes, index, contiguous=contiguous)
+        ctx = _context.TraceContext(spec.op, out_dtypes, index, contiguous=contiguous, bucket=plan)
         if spec.random:
             ctx.rng = next(it)
         with _context.tracing(ctx):
@@ -675,10 +739,16 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
     def traced(*dyn):
         results, ctx = call_lowering(dyn, out_dtypes if not spec.inplace else [targets[0][0]])
         outs = []
+        padded = traced_info["padded"] = {}
         for i, f in enumerate(fresh):
             if layouts[i] is None:
                 continue
-            r = _cast(results[i], out_dtypes[i], f[0], spec)
+            r = results[i]
+            if r.__class__ is _context.PaddedValue:  # NOTE [Buckets]: a result in its bucket
+                padded[i] = r.dim
+                r = _cast(r.arr, out_dtypes[i], f[0][: r.dim] + (r.arr.shape[r.dim],) + f[0][r.dim + 1 :], spec)
+            else:
+                r = _cast(r, out_dtypes[i], f[0], spec)
             perm = layouts[i][0]
             outs.append(r if perm is None else jnp.transpose(r, perm))
         if spec.inplace:
@@ -733,6 +803,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn) -> _Entry:
         entry.jitted = None  # (and with it what JAX kept of its trace, before the cost is read)
         entry.cost = _compile_cache.allocated() - before
     entry.write_order, entry.checks = traced_info["write_order"], traced_info["checks"]
+    entry.planned, entry.padded = plan is not None, traced_info["padded"]
     return entry
 
 
@@ -822,6 +893,9 @@ def _read(k, it):
         return jnp.zeros(k[1], _TO_NP[k[2]])
     if tag == "m":
         return _math_bits(_read(k[1], it), k[2], k[3])
+    if tag == "P":  # NOTE [Buckets] (runtime/_buckets): the bucket's array and the length
+        arr = next(it)
+        return _context.PaddedValue(arr, k[3], next(it))
     if tag == "v":
         _, shape, box_dtype, numel, size, stride, offset, dtype = k
         arr = next(it) if shape is not None else None

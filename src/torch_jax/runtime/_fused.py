@@ -159,7 +159,7 @@ def _run(g: _Graph, reason: str) -> None:
     # (each entry's key fixes its inputs' shapes, dtypes and kinds, and its value checks)
     key = (g.index, nodes, wanted, donated, config.cpu_blas)
     compiled = _compiled.get(key)
-    if compiled is None and _recompiles.op_by_op(nodes):
+    if compiled is None and _recompiles.op_by_op(nodes, key):
         results, flags = _op_by_op(g.inputs, nodes, wanted, checks)
     else:
         if compiled is None:

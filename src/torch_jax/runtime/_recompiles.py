@@ -181,12 +181,13 @@ def _warn(what: str) -> None:
 # mode compiles only the ops whose shapes changed: in generation with a growing KV cache
 # the new token's projections, norms and MLPs keep their shapes and only attention's
 # few ops see the cache's length (a 2-layer GPT-2: a 76-op graph a token, against a few
-# ops). So once a graph's structure keeps compiling (``THRESHOLD`` shapes), a new shape
+# ops). So once graphs of one structure have compiled for two shapes, a new shape
 # of it runs op by op, each op through its strict-mode computation (compiled once per
 # shape and cached like any strict op), whenever that is estimated cheaper: the ops not
 # yet compiled, at the mean time an op's compilation has taken in this process, against
 # the time the structure's last graph took to compile (before any op has compiled, op by
-# op, which measures it). A training step whose every op
+# op, which measures it); a graph whose shapes come back (the same key again) is no
+# one-off, and compiles. A training step whose every op
 # sees the new length compiles faster as one graph than as its ops (a 20-op step: one
 # graph in ~0.35 s, its ops in ~0.7 s), and keeps doing so; generation runs its new
 # tokens op by op. Either way fused mode spends no more on a graph it sees once than
@@ -199,12 +200,19 @@ def note_op_compile(seconds: float) -> None:
     _op_compiles[1] += seconds
 
 
-def op_by_op(nodes) -> bool:
-    """Whether a fused graph not compiled for its shapes should run op by op (NOTE
-    [One-off graphs run op by op])."""
+_once: set = set()  # the keys of the graphs run op by op (a key seen again compiles)
+_OP_BY_OP_AFTER = 2  # graphs of one structure compiled for different shapes
+
+
+def op_by_op(nodes, key) -> bool:
+    """Whether a fused graph not compiled for its shapes (``key``) should run op by op
+    (NOTE [One-off graphs run op by op])."""
     seen = _shapes.get(structure(nodes))
-    if seen is None or seen[0] < THRESHOLD:
+    if seen is None or seen[0] < _OP_BY_OP_AFTER or key in _once:
         return False
+    if len(_once) > _MAX_NOTES:
+        _once.clear()
+    _once.add(key)
     if not _op_compiles[0]:
         return True  # (no op compiled yet in this process: this run measures what one costs)
     new = len({id(entry) for entry, _ in nodes if entry.fn is None})

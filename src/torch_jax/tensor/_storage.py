@@ -121,6 +121,43 @@ class Pending:
         return self.value
 
 
+class Padded:
+    """A storage's elements in a larger array (NOTE [Buckets] in runtime/_buckets): the
+    whole, contiguous tensor of logical shape ``shape`` is ``arr`` (a JAX array or a
+    ``Pending`` one) cut to ``shape[dim]`` along ``dim``, where ``arr`` has a bucket's
+    size; what lies past it is not part of the tensor. Only ops that know buckets read
+    ``arr`` itself; everything else reads the storage through :func:`array`, which cuts
+    it to its logical shape first."""
+
+    __slots__ = ("arr", "shape", "dim")
+
+    def __init__(self, arr, shape: tuple, dim: int):
+        self.arr, self.shape, self.dim = arr, shape, dim
+
+    @property
+    def length(self) -> int:
+        return self.shape[self.dim]
+
+    def logical(self, reason: str):
+        arr = self.arr
+        if arr.__class__ is Pending:
+            arr = arr.resolve(reason)
+        return _cut(arr, self.dim, self.length)
+
+
+def _cut(arr, dim: int, length: int):
+    """``arr`` cut to ``length`` along ``dim``: on the host for an array in host memory
+    (a copy, nothing to compile per length), else a slice."""
+    import jax
+    import numpy as np
+
+    index = (slice(None),) * dim + (slice(0, length),)
+    if all(d.platform == "cpu" for d in arr.devices()):
+        host = np.ascontiguousarray(np.asarray(arr)[index])
+        return jax.device_put(host, arr.sharding)
+    return arr[index]
+
+
 def replace(box: Box, arr) -> None:
     """``box.arr = arr``, where a pending ``arr`` remembers which input of its graph the
     storage held before the graph (NOTE [Donation] in runtime/_fused pairs the two)."""
@@ -141,6 +178,8 @@ def array(box: Box, reason: str = "read"):
     arr = box.arr
     if arr.__class__ is Pending:
         arr = box.arr = arr.resolve(reason)
+    elif arr.__class__ is Padded:
+        arr = box.arr = arr.logical(reason)
     return arr
 
 

@@ -1,0 +1,143 @@
+"""Buckets (NOTE [Buckets] in runtime/_buckets): tensors whose length keeps growing live in
+arrays of a few sizes, so that a new length compiles nothing; the ops that know buckets
+give the CPU's results on PyTorch's own samples with bucketing forced, views of a
+bucket read in place, and a KV cache or generated ids stop compiling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_jax
+from conftest import config_as
+from torch_jax.report import _sweep
+from torch_jax.runtime import _buckets, _recompiles
+from torch_jax.tensor import _storage
+
+# the OpInfos whose calls reach the ops that know buckets
+BUCKET_OPINFOS = ("cat", "nn.functional.scaled_dot_product_attention")
+
+
+def _padded(t) -> bool:
+    return t.untyped_storage()._box.arr.__class__ is _storage.Padded
+
+
+def _stat(name: str) -> int:
+    return torch_jax.stats().get(name, 0)
+
+
+@pytest.mark.parametrize("dtype", _sweep.DTYPES, ids=str)
+@pytest.mark.parametrize("name", BUCKET_OPINFOS)
+def test_ops_that_know_buckets_give_the_cpus_results_with_bucketing_forced(name, dtype):
+    """Every sample (and for float32/float64 its gradients, in-place and out= variants)
+    with every call that a rule applies to in a bucket: results as the CPU's, to the
+    sweep's tolerances."""
+    (op,) = [o for o in _sweep.opinfos() if _sweep.name_of(o) == name]
+    if not _sweep.supported(op, dtype):
+        pytest.skip(f"{name} has no {dtype} on the CPU")
+    before = _stat("bucketed_ops")
+    with config_as(bucketing="force"):
+        result = _sweep.check(op, dtype)
+    assert result.status == "pass", result.message
+    assert _stat("bucketed_ops") > before  # (the rules ran, not only the plain path)
+
+
+def test_a_growing_cache_compiles_nothing_within_a_bucket():
+    """cat along a growing length and attention over it: once the op keeps compiling,
+    its results go into buckets; once the first two lengths in bucket 64 have compiled
+    their computations (33 moves the cache into the bucket, 34 writes within it),
+    lengths 35..64 compile nothing (strict) or run the graphs compiled for the bucket
+    (fused), with the CPU's results."""
+    torch.manual_seed(0)
+    q, step = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    cpu, dev = torch.randn(1, 2, 1, 8), None
+    dev = cpu.to("jax")
+    for n in range(2, 65):
+        if n == 35:
+            compiles, graphs = _stat("compiles"), _stat("graphs_compiled")
+        cpu = torch.cat([cpu, step * n], dim=2)
+        dev = torch.cat([dev, (step * n).to("jax")], dim=2)
+        got = F.scaled_dot_product_attention(q.to("jax"), dev, dev)
+        torch.testing.assert_close(got.cpu(), F.scaled_dot_product_attention(q, cpu, cpu), rtol=1e-5, atol=1e-5)
+        torch_jax.mark_step()
+    assert _padded(dev) and dev.untyped_storage()._box.arr.arr.shape == (1, 2, 64, 8)
+    if torch_jax.config.mode == "strict":
+        assert _stat("compiles") == compiles
+    else:
+        assert _stat("graphs_compiled") - graphs <= 2  # (the bucket's graph, and one donating variant)
+    torch.testing.assert_close(dev.cpu(), cpu)
+    assert not _padded(dev)  # (a host transfer cuts the storage to its length)
+
+
+def _bucketed(cpu: torch.Tensor, dim: int):
+    """``cpu`` on the device, in a bucket along ``dim`` (written there by cat)."""
+    with config_as(bucketing="force"):
+        head = cpu.narrow(dim, 0, 1).to("jax")
+        t = torch.cat([head, cpu.narrow(dim, 1, cpu.shape[dim] - 1).to("jax")], dim=dim)
+    assert _padded(t)
+    return t
+
+
+def test_views_of_a_bucket_read_in_place_and_writes_cut_it():
+    x = torch.randn(3, 5, 4)
+    t = _bucketed(x, 1)
+    assert t.untyped_storage()._box.arr.arr.shape == (3, 16, 4)
+    for view in (lambda a: a[:, -1], lambda a: a[1], lambda a: a[:, 1:3, 2], lambda a: a.transpose(0, 2), lambda a: a):
+        torch.testing.assert_close((view(t) * 2).cpu(), view(x) * 2)
+        assert _padded(t)  # (read in the bucket: the storage stays there)
+    torch.testing.assert_close(t.reshape(-1).cpu(), x.reshape(-1))  # (not a block: read cut)
+    t = _bucketed(x, 1)
+    t[:, 0].fill_(7.0)
+    x[:, 0] = 7.0
+    assert not _padded(t)
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_what_is_past_the_length_never_reaches_a_result():
+    """The bucket past the length holds NaN; reductions, prints, .item() and the CPU
+    fallback see only the tensor."""
+    x = torch.arange(6.0).reshape(2, 3)
+    t = _bucketed(x, 1)
+    arr = t.untyped_storage()._box.arr.arr
+    if arr.__class__ is _storage.Pending:  # (fused mode: the graph that writes it has not run)
+        arr = arr.resolve("test")
+    assert np.isnan(np.asarray(arr)).any()
+    assert t.sum().item() == 15.0 and t.max().item() == 5.0
+    assert "nan" not in repr(t)
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_buckets_are_powers_of_two_from_16():
+    assert [_buckets.size(n) for n in (1, 16, 17, 64, 65, 600)] == [16, 16, 32, 64, 128, 1024]
+
+
+def test_a_fixed_shape_program_never_buckets():
+    before = _stat("bucketed_ops")
+    a, b = torch.randn(2, 3).to("jax"), torch.randn(2, 5).to("jax")
+    for _ in range(20):
+        out = torch.cat([a, b], dim=1)
+    assert _stat("bucketed_ops") == before and not _padded(out)
+
+
+def test_greedy_generation_with_the_dynamic_cache_gives_the_cpus_tokens_and_stops_compiling():
+    """A 2-layer GPT-2, 48 new tokens with the default dynamic cache: the CPU's tokens;
+    the KV cache and the generated ids stay in buckets."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=128)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(prompt, **kwargs)
+        model.to("jax")
+        before = _stat("compiles")
+        got = model.generate(prompt.to("jax"), **kwargs).cpu()
+    assert torch.equal(got, want)
+    compiles = _stat("compiles") - before
+    # ~90 computations for the first tokens (prompt and decode step), a few per bucket
+    # after; one compilation for each new length would be ~48 * 7 more
+    assert compiles < 170, compiles
+    assert _recompiles.churn  # (the cat kept compiling before it bucketed)
