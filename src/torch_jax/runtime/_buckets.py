@@ -122,27 +122,33 @@ def _wanted(signature, length: int, padded_input: bool) -> bool:
 def _cat(spec, args):
     tensors = args[0]
     dim = args[1] if len(args) > 1 else 0
-    if len(tensors) < 2 or not all(isinstance(t, torch.Tensor) and not t.is_cpu for t in tensors):
+    if len(tensors) < 2:
         return None
     first = tensors[0]
-    ndim = first.dim()
+    shape = first.shape
+    ndim = len(shape)
     if ndim == 0 or not -ndim <= dim < ndim:
         return None
     d = dim % ndim
+    total = 0
     for t in tensors:
-        if t.dtype is not first.dtype or t.dim() != ndim or (ndim == 1 and t.shape[0] == 0):
+        if t.dim() != ndim:
             return None
-        if not t.is_contiguous():  # (the result's layout follows its inputs': a bucket is row-major)
-            return None
-        if any(t.shape[i] != first.shape[i] for i in range(ndim) if i != d):
-            return None
+        total += t.shape[d]
     padded = _padded(first)
     if padded is not None and padded.dim != d:
         padded = None
-    total = sum(t.shape[d] for t in tensors)
-    others = tuple(n for i, n in enumerate(first.shape) if i != d)
-    if not _wanted(("cat", d, others, len(tensors), first.dtype), total, padded is not None):
+    # (first the cheap question, which a fixed-shape program answers no; then the rule's
+    # conditions)
+    if not _wanted((d, shape[:d] + shape[d + 1 :], len(tensors), first.dtype), total, padded is not None):
         return None
+    for t in tensors:
+        if t.is_cpu or t.dtype is not first.dtype or (ndim == 1 and t.shape[0] == 0):
+            return None
+        if t.shape[:d] != shape[:d] or t.shape[d + 1 :] != shape[d + 1 :]:
+            return None
+        if not t.is_contiguous():  # (the result's layout follows its inputs': a bucket is row-major)
+            return None
     if padded is not None and total <= padded.arr.shape[d]:
         bucket = padded.arr.shape[d]
     else:
