@@ -38,12 +38,12 @@ from __future__ import annotations
 import torch
 
 from torch_jax._config import config
+from torch_jax.runtime import _recompiles
 from torch_jax.tensor import _storage
 
 aten = torch.ops.aten
 _Padded = _storage.Padded
 _MIN = 16
-_templates: dict = {}  # (shape, dtype, index) -> the Template of a padded result
 
 
 def size(n: int) -> int:
@@ -70,13 +70,13 @@ def _padded(t):
     return arr
 
 
-def view_in_bucket(t, padded):
+def view_in_bucket(t, padded, box_dtype):
     """The strides and offset of ``t``, a view of a padded storage, in the bucket's array,
     or None: a view whose dims each step along a different dim of the logical tensor
     and stay within it (a row, a column, the last position, the whole tensor) is the
     same block of the bucket's array, so ops read it there, and the storage stays in its
     bucket (NOTE [Buckets])."""
-    if t.dtype is not t.untyped_storage()._box.dtype or t.is_conj() or t.is_neg() or t.numel() == 0:
+    if t.dtype is not box_dtype or t.is_conj() or t.is_neg() or t.numel() == 0:
         return None
     shape, bucket = padded.shape, padded.arr.shape
     logical, physical = _storage.contiguous_strides(shape), _storage.contiguous_strides(bucket)
@@ -97,7 +97,7 @@ def view_in_bucket(t, padded):
     return strides, sum(i * st for i, st in zip(at, physical))
 
 
-_THRESHOLD = 8  # lengths a call site takes before its results go into buckets
+_THRESHOLD = _recompiles.THRESHOLD  # lengths a call site takes before its results go into buckets
 _lengths: dict = {}  # a call's shape with the growing dim left out -> the lengths it took
 
 
@@ -111,7 +111,7 @@ def _wanted(signature, length: int, padded_input: bool) -> bool:
         return True
     seen = _lengths.get(signature)
     if seen is None:
-        if len(_lengths) > 1 << 16:
+        if len(_lengths) > _recompiles.MAX_NOTES:
             _lengths.clear()
         seen = _lengths[signature] = set()
     if len(seen) < _THRESHOLD:
@@ -119,7 +119,7 @@ def _wanted(signature, length: int, padded_input: bool) -> bool:
     return len(seen) >= _THRESHOLD
 
 
-def _cat(spec, args):
+def _cat(args):
     tensors = args[0]
     dim = args[1] if len(args) > 1 else 0
     if len(tensors) < 2:
@@ -156,7 +156,7 @@ def _cat(spec, args):
     return ("cat", d, bucket), {(0, 0)} if padded is not None else set()
 
 
-def _attention(spec, args):
+def _attention(args):
     q, k, v = args[:3]
     bias = args[3] if len(args) > 3 else None
     dropout = args[4] if len(args) > 4 else 0.0
@@ -183,17 +183,4 @@ def plan(spec, args):
     (argument, list item) positions it takes padded), or None for the plain path."""
     if config.bucketing == "off":
         return None
-    return PLANS[spec.op](spec, args)
-
-
-def template(meta: torch.Tensor, index: int):
-    """The template of a padded result of logical shape ``meta.shape``."""
-    key = (tuple(meta.shape), meta.dtype, index)
-    t = _templates.get(key)
-    if t is None:
-        if len(_templates) > 4096:
-            _templates.clear()
-        t = _templates[key] = _storage.template(
-            tuple(meta.shape), _storage.contiguous_strides(meta.shape), meta.dtype, index
-        )
-    return t
+    return PLANS[spec.op](args)

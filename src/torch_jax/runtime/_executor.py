@@ -179,7 +179,7 @@ def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = 
         return ("m", desc, t.is_conj(), t.is_neg()), index
     arr = box.arr
     if arr.__class__ is _Padded:
-        view = None if padded or not read_only else _buckets.view_in_bucket(t, arr)
+        view = None if padded or not read_only else _buckets.view_in_bucket(t, arr, box.dtype)
         if padded or view is not None:
             inner = arr.arr
             if inner.__class__ is _Pending and (inner.value is not None or config.mode != "fused"):
@@ -612,7 +612,7 @@ class _Entry:
                 fresh.append(meta)
             elif i in self.padded:
                 padded = _storage.Padded(next(arrays), tuple(meta.shape), self.padded[i])
-                fresh.append(_buckets.template(meta, self.index).tensor(padded))
+                fresh.append(_storage.template(tuple(meta.shape), meta.stride(), meta.dtype, self.index).tensor(padded))
             else:
                 fresh.append(out.tensor(next(arrays)))
         return self._returns(args, fresh)

@@ -25,9 +25,9 @@ import warnings
 from torch_jax._warnings import RecompileWarning
 
 THRESHOLD = 8
-_MAX_NOTES = 1 << 16  # (the memory of what was compiled is cleared past this many)
+MAX_NOTES = 1 << 16  # (the memory of what was compiled is cleared past this many)
 _sizes: dict = {}  # masked key -> the size values seen at its mask
-_shapes: dict = {}  # fused graph structure -> [distinct keys, the inputs' shapes of the last]
+_shapes: dict = {}  # fused graph structure -> [graphs compiled, the last's input shapes, its compile seconds]
 churn: collections.Counter = collections.Counter()  # op or graph -> compilations seen churning
 _warned = False
 
@@ -116,7 +116,7 @@ def note_op(spec, key) -> None:
     """An op compiled for ``key``: note it, and warn if it keeps compiling for new sizes."""
     skeleton = _skeleton(spec, key)
     found = _sizes_of(skeleton)
-    if len(_sizes) > _MAX_NOTES:
+    if len(_sizes) > MAX_NOTES:
         _sizes.clear()
     name = _op_name(spec.op)
     for v in found:
@@ -140,7 +140,7 @@ def note_graph(nodes, inputs, seconds: float) -> None:
     compiling for new shapes."""
     key = structure(nodes)
     shapes = [getattr(v, "shape", None) for v in inputs]
-    if len(_shapes) > _MAX_NOTES:
+    if len(_shapes) > MAX_NOTES:
         _shapes.clear()
     seen = _shapes.get(key)
     if seen is None:
@@ -210,7 +210,7 @@ def op_by_op(nodes, key) -> bool:
     seen = _shapes.get(structure(nodes))
     if seen is None or seen[0] < _OP_BY_OP_AFTER or key in _once:
         return False
-    if len(_once) > _MAX_NOTES:
+    if len(_once) > MAX_NOTES:
         _once.clear()
     _once.add(key)
     if not _op_compiles[0]:
