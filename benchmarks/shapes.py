@@ -133,7 +133,14 @@ def child(program: str, variant: str, size: int) -> dict:
         stats = torch_jax.stats()
         out["stats"] = {
             k: stats.get(k, 0)
-            for k in ("compiles", "graphs_compiled", "graphs_op_by_op", "cache_evictions", "graph_evictions")
+            for k in (
+                "compiles",
+                "graphs_compiled",
+                "graphs_op_by_op",
+                "cache_evictions",
+                "graph_evictions",
+                "bucketed_ops",
+            )
         }
         out["recompile_warnings"] = sum(1 for w in caught if issubclass(w.category, torch_jax.RecompileWarning))
     return out

@@ -55,7 +55,8 @@ def test_the_profile_counts_the_products_and_splits_the_kernel_time(tmp_path):
 
 def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_path):
     """benchmarks/shapes.py: the changing-length training loop on 10 lengths, the CPU and
-    fused eager each in a fresh process; the same losses, one warning (past 8 lengths)."""
+    fused eager each in a fresh process; the same losses, one warning (the uploads that
+    go into buckets)."""
     from benchmarks.shapes import main
 
     report = main(["--only", "training", "--lengths", "10", "--variants", "cpu,fused", "--out", str(tmp_path)])
@@ -66,7 +67,10 @@ def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(fused["result"], cpu["result"]))
     assert fused["vs_cpu"].startswith("losses within") and fused["ratio"] > 0
     assert fused["recompile_warnings"] == 1
-    assert fused["stats"]["graphs_compiled"] + fused["stats"]["graphs_op_by_op"] >= 10  # (a graph a length)
+    # (a graph for each of the first 3 lengths, then the ids are uploaded into a bucket:
+    # a graph or two for it, not one a length)
+    assert fused["stats"]["bucketed_ops"] > 0
+    assert fused["stats"]["graphs_compiled"] + fused["stats"]["graphs_op_by_op"] < 10
     assert fused["peak_mappings"] > 0 and cpu["peak_rss_mb"] > 0 and fused["peak_rss_mb"] > 0
     text = (tmp_path / "shapes.md").read_text()
     assert "| changing-length training loop (lengths 1..10, scrambled) | jax fused eager |" in text

@@ -68,7 +68,7 @@ def test_a_growing_cache_compiles_nothing_within_a_bucket():
     else:
         assert _stat("graphs_compiled") - graphs <= 2  # (the bucket's graph, and one donating variant)
     torch.testing.assert_close(dev.cpu(), cpu)
-    assert not _padded(dev)  # (a host transfer cuts the storage to its length)
+    assert _padded(dev)  # (a host transfer cuts on the host: the storage stays in its bucket)
 
 
 def _bucketed(cpu: torch.Tensor, dim: int):
@@ -141,3 +141,101 @@ def test_greedy_generation_with_the_dynamic_cache_gives_the_cpus_tokens_and_stop
     # after; one compilation for each new length would be ~48 * 7 more
     assert compiles < 170, compiles
     assert _recompiles.churn  # (the cat kept compiling before it bucketed)
+
+
+# ---------------------------------------------------------------- NOTE [Padded rows]
+
+# the OpInfos whose calls reach the ops that take padded rows (and their backward ops)
+ROWS_OPINFOS = (
+    "mm",
+    "addmm",
+    "nn.functional.linear",
+    "nn.functional.embedding",
+    "nn.functional.nll_loss",
+    "nn.functional.cross_entropy",
+    "log_softmax",
+    "softmax",
+    "sum",
+    "nn.functional.gelu",
+    "add",
+)
+# which uploads go into buckets: (the sample's input, its other tensors) padded along a
+# dim or not; ("rows", d): every tensor as long as the input along d (input and targets)
+PADDINGS = ((0, None), (-1, None), (None, 0), (None, -1), (0, 0), (-1, -1), (-1, 0), ("rows", 0), ("rows", -1))
+# (the losses have many samples: the paddings that give their input and targets the
+# same rows, and the input's alone, which takes the plain path)
+LOSS_PADDINGS = (("rows", 0), ("rows", -1), (0, None))
+# (fused mode runs the same lowerings inside graphs: float32, with its gradients, there)
+ROWS_DTYPES = (
+    (torch.float32,)
+    if torch_jax.config.mode == "fused"
+    else (torch.float32, torch.float64, torch.bfloat16, torch.int64)
+)
+
+
+@pytest.mark.parametrize("dtype", ROWS_DTYPES, ids=str)
+@pytest.mark.parametrize("name", ROWS_OPINFOS)
+def test_ops_over_padded_rows_give_the_cpus_results_with_bucketing_forced(name, dtype, monkeypatch):
+    """Every sample uploaded into buckets in each of PADDINGS (and for float32/float64
+    its gradients): results as the CPU's, to the sweep's tolerances; the rules ran."""
+    (op,) = [o for o in _sweep.opinfos() if _sweep.name_of(o) == name]
+    if not _sweep.supported(op, dtype):
+        pytest.skip(f"{name} has no {dtype} on the CPU")
+    before = _stat("bucketed_ops")
+    for padding in LOSS_PADDINGS if "loss" in name or "entropy" in name else PADDINGS:
+        with config_as(bucketing="force"):
+            result = _sweep.check(op, dtype, uploaded=padding)
+        assert result.status == "pass", f"{padding}: {result.message}"
+    assert _stat("bucketed_ops") > before
+
+
+def _train(device: str, lengths, mark=lambda: None):
+    """The changing-length training loop of benchmarks/shapes (embedding, two Linear
+    layers, GELU, cross-entropy, SGD): its losses and final weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(50, 16), torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 50)
+    ).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for n in lengths:
+        x = torch.randint(0, 50, (2, n), generator=g).to(device)
+        y = torch.randint(0, 50, (2, n), generator=g).to(device)
+        loss = F.cross_entropy(model(x).reshape(-1, 50), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        mark()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_a_changing_length_training_loop_runs_in_buckets(monkeypatch):
+    """Lengths 1..64 scrambled: after 3 lengths the token ids are uploaded into buckets
+    and every op of the step (forward, backward, the loss) runs there, so a new length
+    within a bucket compiles nothing; the CPU's losses and weights; one warning, naming
+    the uploads."""
+    monkeypatch.setattr(_recompiles, "_warned", False)
+    monkeypatch.setattr(_buckets, "_lengths", {})
+    monkeypatch.setattr(_buckets, "_announced", set())
+    lengths = list(range(1, 65))
+    np.random.default_rng(0).shuffle(lengths)
+    want, want_weights = _train("cpu", lengths)
+    before = _stat("compiles")
+    with pytest.warns(torch_jax.RecompileWarning, match="uploads of shape") as caught:
+        got, weights = _train("jax", lengths, torch_jax.mark_step)
+    assert len([w for w in caught if issubclass(w.category, torch_jax.RecompileWarning)]) == 1
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    for a, b in zip(weights, want_weights):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # ~17 computations a length for the first 3, then ~17 for each of the buckets 16, 32
+    # and 64 (each of the first two lengths in a bucket: the ids' bucket, then the
+    # steady step); one a length would be 64 * 17
+    assert _stat("compiles") - before < 200, _stat("compiles") - before
+
+
+def test_a_fixed_shape_training_loop_never_buckets():
+    before = _stat("bucketed_ops")
+    _train("jax", [7] * 12, torch_jax.mark_step)
+    assert _stat("bucketed_ops") == before

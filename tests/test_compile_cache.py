@@ -42,7 +42,12 @@ def test_a_few_hundred_shapes_stay_under_a_small_budget(fresh_warning):
     w = torch.randn(8, 4)
     w_dev = w.to("jax")
     before = torch_jax.stats()
-    with config_as(cache_size=64, compile_cache_mb=16), warnings.catch_warnings(record=True) as caught:
+    # (bucketing off: the loop would otherwise upload x into buckets after 8 lengths and
+    # stop compiling, tests/test_buckets; here every shape must compile)
+    with (
+        config_as(cache_size=64, compile_cache_mb=16, bucketing="off"),
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("always")
         for n in range(1, 301):
             x = torch.randn(n, 8)

@@ -70,9 +70,10 @@ class Config:
         also keeps the process under half of Linux's memory-mapping limit.
     bucketing: ``auto`` (the default): the ops that know buckets put a tensor whose length
         keeps growing (a KV cache) into arrays of a few sizes once calls with the same
-        other sizes have taken 8 lengths, so that a new length compiles nothing; ``off``;
-        ``force``: at every call they can (the tests' setting) (NOTE [Buckets] in
-        runtime/_buckets).
+        other sizes have taken 8 lengths, and host tensors uploaded with a changing length
+        (variable-length batches) once 3 lengths (integer tensors) or 8 have come, so that
+        a new length compiles nothing; ``off``; ``force``: at every call and upload they
+        can (the tests' setting) (NOTE [Buckets] and NOTE [Padded rows] in runtime/_buckets).
     cpu_blas: on XLA:CPU, the 2-D float32/float64 matrix products of fused graphs call the
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through

@@ -34,12 +34,46 @@ class TraceContext:
 class PaddedValue:
     """A tensor argument or result in a bucket (NOTE [Buckets] in runtime/_buckets):
     ``arr`` is larger than the tensor along ``dim``, whose logical size is ``length``
-    (a traced integer; None for a result, whose length the executor knows)."""
+    (a traced integer; None for a result, whose length the executor knows). Along
+    ``dim``, blocks of ``period`` positions repeat (a batch of padded rows merged into
+    one dim by a view), each step ``inner`` elements wide, and the first ``length``
+    steps of each block are the tensor's; ``period`` None: the whole dim is one block."""
 
-    __slots__ = ("arr", "dim", "length")
+    __slots__ = ("arr", "dim", "length", "period", "inner")
 
-    def __init__(self, arr, dim: int, length=None):
-        self.arr, self.dim, self.length = arr, dim, length
+    def __init__(self, arr, dim: int, length=None, period=None, inner=1):
+        self.arr, self.dim, self.length, self.period, self.inner = arr, dim, length, period, inner
+
+    def mask(self):
+        """Which positions along ``dim`` are the tensor's, shaped to broadcast against ``arr``."""
+        import jax.numpy as jnp
+
+        n = self.arr.shape[self.dim]
+        steps = jnp.arange(n) // self.inner
+        if self.period is not None:
+            steps = steps % self.period
+        return (steps < self.length).reshape((n,) + (1,) * (self.arr.ndim - self.dim - 1))
+
+    def repeated(self):
+        """``arr`` with each position past the length holding its block's first position:
+        values the tensor has, so a value check (an integer division by zero) that
+        would fail there fails at that first position too."""
+        import jax.numpy as jnp
+
+        arr, d = self.arr, self.dim
+        n = arr.shape[d]
+        period = n if self.period is None else self.period
+        blocks = arr.shape[:d] + (n // (period * self.inner), period, self.inner) + arr.shape[d + 1 :]
+        a = arr.reshape(blocks)
+        first = a[(slice(None),) * (d + 1) + (slice(0, 1),)]
+        valid = (jnp.arange(period) < self.length).reshape((period, 1) + (1,) * (arr.ndim - d - 1))
+        return jnp.where(valid, a, first).reshape(arr.shape)
+
+    def filled(self, value):
+        """``arr`` with ``value`` past the length (a value that leaves a reduction exact)."""
+        import jax.numpy as jnp
+
+        return jnp.where(self.mask(), self.arr, jnp.asarray(value, self.arr.dtype))
 
 
 def pad_fill(dtype):

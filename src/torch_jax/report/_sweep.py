@@ -570,9 +570,44 @@ def recording(result: Result, fallback: str):
     result.fallback_ops = {k: v - before.get(k, 0) for k, v in _stats.fallback_ops.items() if v != before.get(k, 0)}
 
 
-def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="error") -> Result:
+def _uploaded(sample, dims):
+    """``sample`` with each device tensor replaced by a copy uploaded from the CPU (a leaf
+    that requires grad where the original did). ``dims``: (the input's, the others')
+    dim that forced bucketing pads the upload along, or None (runtime/_buckets'
+    ``force_dim``); or ("rows", d): every tensor whose size along ``d`` is the input's
+    (a loss's input and targets, not its class weights) along ``d``."""
+    from torch_jax.runtime import _buckets
+
+    rows = None
+    if dims[0] == "rows":
+        d = dims[1]
+        first = sample.input if isinstance(sample.input, torch.Tensor) else None
+        rows = first.shape[d] if first is not None and first.dim() else -1
+
+    def upload(t):
+        if not isinstance(t, torch.Tensor) or t.device.type != "jax":
+            return t
+        if rows is not None:
+            _buckets.force_dim = d if t.dim() and t.shape[d % t.dim()] == rows else None
+        return t.detach().cpu().to("jax").requires_grad_(t.requires_grad)
+
+    before = _buckets.force_dim
+    try:
+        _buckets.force_dim = dims[0]
+        sample.input = torch.utils._pytree.tree_map(upload, sample.input)
+        _buckets.force_dim = dims[1]
+        sample.args = torch.utils._pytree.tree_map(upload, tuple(sample.args))
+        sample.kwargs = torch.utils._pytree.tree_map(upload, dict(sample.kwargs))
+    finally:
+        _buckets.force_dim = before
+    return sample
+
+
+def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="error", uploaded=False) -> Result:
     """Run one OpInfo in one dtype; the result says pass/fail/skip and which aten ops
-    ran through the CPU fallback."""
+    ran through the CPU fallback. ``uploaded``: each sample's tensors are made on the CPU
+    and copied to the device (a batch's path), not made there; with bucketing forced,
+    padded along the dims it gives (``_uploaded``)."""
     name = name_of(op)
     result = Result(name, str(dtype).replace("torch.", ""), "pass")
     if name in EXCLUDED or (name, dtype) in EXCLUDED_PAIRS:
@@ -583,6 +618,8 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
         for i, sample in enumerate(samples):
             if max_samples is not None and i >= max_samples:
                 break
+            if uploaded:
+                sample = _uploaded(sample, uploaded)
             check_sample(op, dtype, sample, name=name, index=i, variants=variants)
             result.samples += 1
         if grads and dtype in GRAD_DTYPES and op.supports_autograd and name not in RANDOM:
@@ -592,6 +629,8 @@ def check(op, dtype, *, max_samples=None, grads=True, variants=True, fallback="e
                     break
                 if random_sample(name, sample):
                     continue
+                if uploaded:
+                    sample = _uploaded(sample, uploaded)
                 where = f"{name} {result.dtype} sample {i}"
                 _check_grads(op, dtype, sample, where=where, tol=tol)
     return result

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _executor, _fused, _stats
+from torch_jax.ops import _context
+from torch_jax.runtime import _buckets, _executor, _fused, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 aten = torch.ops.aten
@@ -124,7 +125,15 @@ def download(t: torch.Tensor) -> torch.Tensor:
     perm = _whole_dense_perm(t)
     box = _storage.box_of(t)
     if perm is not None and box.arr is not None:
-        physical = to_numpy(_storage.array(box, "host transfer")).reshape([t.shape[d] for d in perm])
+        arr = box.arr
+        if arr.__class__ is _storage.Padded:
+            # NOTE [Buckets]: cut on the host; the storage stays in its bucket for the ops after
+            if arr.arr.__class__ is _storage.Pending:
+                arr.arr = arr.arr.resolve("host transfer")
+            host = to_numpy(arr.arr)[(slice(None),) * arr.dim + (slice(0, arr.length),)]
+        else:
+            host = to_numpy(_storage.array(box, "host transfer"))
+        physical = np.ascontiguousarray(host).reshape([t.shape[d] for d in perm])
         base = _dtypes.numpy_to_tensor(physical)
         if perm == list(range(t.dim())):
             return base.reshape(t.shape)
@@ -178,8 +187,25 @@ def _upload_into(self, src, index, non_blocking) -> bool:
     if perm is None:
         return False
     physical = _dtypes.tensor_to_numpy(src.detach()).transpose(perm)
+    if list(perm) == list(range(len(perm))):
+        d = _buckets.upload_dim(tuple(src.shape), src.dtype)
+        if d is not None:  # NOTE [Padded rows] (runtime/_buckets): the host pads, nothing compiles
+            _storage.box_of(self).arr = _storage.Padded(
+                _upload_padded(physical, d, index, non_blocking), tuple(src.shape), d
+            )
+            _buckets.active = True
+            return True
     _storage.box_of(self).arr = upload(physical, index, non_blocking)
     return True
+
+
+def _upload_padded(a: np.ndarray, d: int, index: int, non_blocking: bool):
+    """``a`` uploaded into a bucket along ``d`` (NOTE [Buckets]), filled past its length."""
+    shape = list(a.shape)
+    shape[d] = _buckets.size(shape[d])
+    padded = np.full(shape, _context.pad_fill(a.dtype), a.dtype)
+    padded[(slice(None),) * d + (slice(0, a.shape[d]),)] = a
+    return upload(padded, index, non_blocking)
 
 
 def _alias_whole(self, src) -> bool:

@@ -83,6 +83,8 @@ class OpSpec:
         "multi_write",
         "defaults",
         "bucket",
+        "tensor_args",
+        "rows_rule",
     )
 
     def __init__(self, op, lowering, inplace: bool):
@@ -125,6 +127,10 @@ class OpSpec:
         self.cache = {}
         self.multi_write = len(self.writes) > 1 or any(kinds[i] == TL for i in self.writes)
         self.bucket = op in _buckets.PLANS  # NOTE [Buckets] (runtime/_buckets)
+        self.tensor_args = [i for i, k in enumerate(kinds) if k == T or k == OT]
+        functional = not inplace and not self.writes and self.returns == [None] and not lowering.random
+        # NOTE [Padded rows] (runtime/_buckets)
+        self.rows_rule = _buckets.rule_of(op) if functional or op in _buckets.RULES else None
 
 
 _NO_DEFAULT = object()
@@ -185,6 +191,21 @@ def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = 
             if inner.__class__ is _Pending and (inner.value is not None or config.mode != "fused"):
                 inner = arr.arr = inner.resolve("read")
             dyn.append(inner)
+            if padded.__class__ is _buckets.Layout:  # NOTE [Padded rows]: the plan's reading of it
+                dyn.append(arr.length)
+                lay = padded
+                return (
+                    "Q",
+                    tuple(inner.shape),
+                    box.dtype,
+                    lay.size,
+                    lay.stride,
+                    lay.shape,
+                    lay.dim,
+                    lay.period,
+                    lay.inner,
+                    t.dtype,
+                ), index
             if padded:  # (the plan checked that t is the whole storage)
                 dyn.append(arr.length)
                 return ("P", tuple(inner.shape), t.dtype, arr.dim), index
@@ -220,7 +241,7 @@ def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = 
 def _key_contiguous(k) -> bool:
     """Whether the tensor a key describes is contiguous (what ``Tensor.is_contiguous()``
     said when the key was made); the key holds the strides of every other layout."""
-    if k is None or k[0] in ("s", "c", "u", "P") or k[0].__class__ is not str:
+    if k is None or k[0] in ("s", "c", "u", "P", "Q") or k[0].__class__ is not str:
         return True
     if k[0] == "m":
         return _key_contiguous(k[1])
@@ -239,11 +260,17 @@ def run(spec: OpSpec, args):
     dyn = []
     index = -1
     generator = None
-    plan = accepts = None
+    plan = accepts = length = None
     if spec.bucket:  # NOTE [Buckets] (runtime/_buckets)
         planned = _buckets.plan(spec, args)
         if planned is not None:
             plan, accepts = planned
+            _counters["bucketed_ops"] += 1
+    elif spec.rows_rule is not None and _buckets.active:  # NOTE [Padded rows] (runtime/_buckets)
+        planned = _buckets.plan_rows(spec, args)
+        if planned is not None:
+            plan, accepts = planned
+            length = next(iter(accepts.values())).length
             _counters["bucketed_ops"] += 1
     for pos, (kind, a, default) in enumerate(zip(spec.kinds, args, spec.defaults)):
         if kind == T or kind == OT:
@@ -251,7 +278,7 @@ def run(spec: OpSpec, args):
                 key.append(None)
             else:
                 desc, index = _describe(
-                    a, dyn, index, accepts is not None and (pos, None) in accepts, pos not in spec.writes
+                    a, dyn, index, accepts.get((pos, None), False) if accepts else False, pos not in spec.writes
                 )
                 key.append(desc)
         elif kind == X:
@@ -279,7 +306,7 @@ def run(spec: OpSpec, args):
                     descs.append(None)
                 else:
                     desc, index = _describe(
-                        x, dyn, index, accepts is not None and (pos, j) in accepts, pos not in spec.writes
+                        x, dyn, index, accepts.get((pos, j), False) if accepts else False, pos not in spec.writes
                     )
                     descs.append(desc)
             key.append(tuple(descs))
@@ -316,7 +343,7 @@ def run(spec: OpSpec, args):
             ) from e
         _compile_cache.admit(spec.cache, key, entry, "op")
         _recompiles.note_op(spec, key)
-        return entry.finish(args, results)
+        return entry.finish(args, results, length)
     _counters["cache_hits"] += 1
     entry.used = True
     if fused:
@@ -324,12 +351,12 @@ def run(spec: OpSpec, args):
             results = _fused.record(entry, dyn)
         except RuntimeError as e:
             raise _freed(spec, e) or e from None
-        return entry.finish(args, results)
+        return entry.finish(args, results, length)
     try:
         results = entry.run(dyn)
     except RuntimeError as e:
         raise _freed(spec, e) or e from None
-    return entry.finish(args, results)
+    return entry.finish(args, results, length)
 
 
 def _freed(spec: OpSpec, e: Exception):
@@ -565,9 +592,9 @@ class _Entry:
             _compile_cache.charge(self, _compile_cache.allocated() - before)
         return self.fn(*dyn)
 
-    def finish(self, args, results):
+    def finish(self, args, results, length=None):
         if self.planned:
-            return self._finish_planned(args, results)
+            return self._finish_planned(args, results, length)
         if results.__class__ is not _fused.Outputs:
             if config.launch_blocking:
                 jax.block_until_ready(results)
@@ -595,14 +622,20 @@ class _Entry:
             self._write_back(args, arrays)
         return self._returns(args, fresh)
 
-    def _finish_planned(self, args, results):
+    def _finish_planned(self, args, results, length=None):
         """``finish`` for a call planned with buckets (NOTE [Buckets]): one computation
         serves many logical shapes, so this call's Meta outputs give the results' shapes
-        and int returns; a result in its bucket goes into its storage as ``Padded``."""
+        and int returns; a result in its bucket goes into its storage as ``Padded``.
+        With ``length``, the length of the padded rows of every operand (NOTE [Padded
+        rows]), the results' shapes are the compiled ones with that length instead."""
         if results.__class__ is not _fused.Outputs:
             if config.launch_blocking:
                 jax.block_until_ready(results)
             _last[self.index] = results
+            if self.checks:
+                _fused.raise_failed_checks(self.checks, results[-len(self.checks) :])
+        if length is not None:
+            return self._finish_rows(args, results, length)
         fresh = []
         arrays = iter(results)
         for i, (out, meta) in enumerate(zip(self.outs, _meta_outputs(self.spec, args))):
@@ -611,11 +644,34 @@ class _Entry:
             elif out.__class__ is tuple:
                 fresh.append(meta)
             elif i in self.padded:
-                padded = _storage.Padded(next(arrays), tuple(meta.shape), self.padded[i])
-                fresh.append(_storage.template(tuple(meta.shape), meta.stride(), meta.dtype, self.index).tensor(padded))
+                fresh.append(self._padded_result(i, next(arrays), tuple(meta.shape), meta.stride(), meta.dtype))
             else:
                 fresh.append(out.tensor(next(arrays)))
         return self._returns(args, fresh)
+
+    def _finish_rows(self, args, results, length: int):
+        fresh = []
+        arrays = iter(results)
+        for i, out in enumerate(self.outs):
+            if out is None:
+                fresh.append(None)
+            elif i in self.padded:
+                d, outer, inner = self.padded[i]
+                shape = list(out.size)
+                shape[d] = outer * length * inner
+                stride = _storage.contiguous_strides(shape)  # (a padded result is contiguous)
+                fresh.append(self._padded_result(i, next(arrays), tuple(shape), stride, out.dtype))
+            else:
+                fresh.append(out.tensor(next(arrays)))
+        return self._returns(args, fresh)
+
+    def _padded_result(self, i: int, arr, shape: tuple, stride, dtype):
+        """Result ``i``, of logical ``shape``, in its bucket's ``arr`` (stored as blocks
+        where a view merged the padded dim with others, NOTE [Padded rows])."""
+        d, outer, inner = self.padded[i]
+        length = shape[d] // (outer * inner)
+        padded = _storage.Padded(arr, shape[:d] + _blocks(outer, length, inner) + shape[d + 1 :], d + (outer > 1))
+        return _storage.template(shape, stride, dtype, self.index).tensor(padded)
 
     def _returns(self, args, fresh):
         spec = self.spec
@@ -691,7 +747,10 @@ def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
         if spec.random:
             ctx.rng = next(it)
         with _context.tracing(ctx):
-            result = lowering(*vals)
+            if plan is not None and plan[0] == "padded":  # NOTE [Padded rows] (runtime/_buckets)
+                result = _buckets.run_padded(lowering, vals, plan)
+            else:
+                result = lowering(*vals)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         return results, ctx
 
@@ -745,8 +804,17 @@ def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
                 continue
             r = results[i]
             if r.__class__ is _context.PaddedValue:  # NOTE [Buckets]: a result in its bucket
-                padded[i] = r.dim
-                r = _cast(r.arr, out_dtypes[i], f[0][: r.dim] + (r.arr.shape[r.dim],) + f[0][r.dim + 1 :], spec)
+                d, n = r.dim, r.arr.shape[r.dim]
+                if layouts[i][0] is not None:
+                    raise RuntimeError(f"torch_jax internal error: {spec.op} gave a padded result in a permuted layout")
+                # (rows merged by a view, NOTE [Padded rows]: stored as blocks of ``period``)
+                period, inner = (n if r.period is None else r.period), r.inner
+                outer = n // (period * inner)
+                padded[i] = (d, outer, inner)
+                r = _cast(r.arr, out_dtypes[i], f[0][:d] + (n,) + f[0][d + 1 :], spec)
+                r = r.reshape(f[0][:d] + _blocks(outer, period, inner) + f[0][d + 1 :])
+                outs.append(r)
+                continue
             else:
                 r = _cast(r, out_dtypes[i], f[0], spec)
             perm = layouts[i][0]
@@ -882,6 +950,12 @@ def _write(arr, k, value, offset):
     return value  # the tensor is its whole storage, in the array's shape
 
 
+def _blocks(outer: int, length: int, inner: int) -> tuple:
+    """The dims a padded dim of ``outer`` blocks of ``length`` steps of ``inner`` is stored as
+    (NOTE [Padded rows] in runtime/_buckets)."""
+    return ((outer,) if outer > 1 else ()) + (length,) + ((inner,) if inner > 1 else ())
+
+
 def _read(k, it):
     """The JAX value of one tensor argument inside the computation."""
     if k is None:
@@ -896,6 +970,11 @@ def _read(k, it):
     if tag == "P":  # NOTE [Buckets] (runtime/_buckets): the bucket's array and the length
         arr = next(it)
         return _context.PaddedValue(arr, k[3], next(it))
+    if tag == "Q":  # NOTE [Padded rows] (runtime/_buckets): a view of the bucket's array
+        _, bucket, box_dtype, size, stride, shape, dim, period, inner, dtype = k
+        arr = next(it)
+        view = _strided.read(arr, _TO_NP[box_dtype], math.prod(bucket), (size, stride, 0, _TO_NP[dtype]))
+        return _context.PaddedValue(view.reshape(shape), dim, next(it), period, inner)
     if tag == "v":
         _, shape, box_dtype, numel, size, stride, offset, dtype = k
         arr = next(it) if shape is not None else None

@@ -168,12 +168,35 @@ def _op_name(op) -> str:
     return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
 
 
-def _warn(what: str) -> None:
+def note_bucketing(shape: tuple, dim: int, lengths) -> None:
+    """Host tensors of ``shape`` but ``dim`` kept changing that dim's length and now go
+    into buckets (NOTE [Padded rows] in runtime/_buckets): the ops that know buckets compile
+    once a bucket from now on, and the others still once a length; say so, once."""
+    shown = tuple("n" if d == dim else n for d, n in enumerate(shape))
+    name = f"uploads of shape ({', '.join(map(str, shown))})"
+    churn[name] += 1
+    _warn(
+        f"{name} keep changing dimension {dim} ({', '.join(map(str, sorted(lengths)))}); from now on they "
+        "are padded to a power of two on the host, and the ops that know such buckets (matrix products, "
+        "pointwise ops, softmax, embeddings, losses, sums) compile once per bucket instead of once per "
+        "length; the other ops still compile for each length.",
+        BUCKET_HELP,
+    )
+
+
+BUCKET_HELP = (
+    "Padding that dimension yourself to a few sizes avoids even those compilations (Hugging Face "
+    "tokenizers and collators: pad_to_multiple_of=64). torch_jax.config.bucketing='off' turns buckets "
+    "off; torch_jax.stats()['shape_churn'] counts what kept changing."
+)
+
+
+def _warn(what: str, help: str = HELP) -> None:
     global _warned
     if _warned:
         return
     _warned = True
-    warnings.warn(f"torch_jax: {what} {HELP}", RecompileWarning, stacklevel=2)
+    warnings.warn(f"torch_jax: {what} {help}", RecompileWarning, stacklevel=2)
 
 
 # NOTE [One-off graphs run op by op]: a fused graph compiles as a whole, so a graph whose
