@@ -57,18 +57,24 @@ def size(n: int) -> int:
     return max(_MIN, 1 << max(n - 1, 0).bit_length())
 
 
-def _padded(t):
-    """``t``'s padded storage, where ``t`` is all of it (whole, contiguous, its dtype,
-    no conjugate or negative bit); else None."""
+def _padded_box(t):
+    """The storage box of ``t``, a jax tensor, when the storage is in a bucket; else None."""
     if not isinstance(t, torch.Tensor) or t.is_cpu:
         return None
     try:
         box = t.untyped_storage()._box
     except AttributeError:
         return None
-    arr = box.arr
-    if arr.__class__ is not _Padded:
+    return box if box.arr.__class__ is _Padded else None
+
+
+def _padded(t):
+    """``t``'s padded storage, where ``t`` is all of it (whole, contiguous, its dtype,
+    no conjugate or negative bit); else None."""
+    box = _padded_box(t)
+    if box is None:
         return None
+    arr = box.arr
     if t.dtype is not box.dtype or tuple(t.shape) != arr.shape or t.storage_offset() or not t.is_contiguous():
         return None
     if t.is_conj() or t.is_neg():
@@ -247,15 +253,10 @@ def in_bucket(t):
     ``t``'s dims); None when ``t`` is not a jax tensor of a padded storage; False when it
     is one but not such a view (a plan then takes the plain path: reading the storage
     cut to its length would take it out of its bucket under the other operands)."""
-    if not isinstance(t, torch.Tensor) or t.is_cpu:
-        return None
-    try:
-        box = t.untyped_storage()._box
-    except AttributeError:
+    box = _padded_box(t)
+    if box is None:
         return None
     padded = box.arr
-    if padded.__class__ is not _Padded:
-        return None
     if t.dtype is not box.dtype or t.storage_offset() or t.numel() == 0 or t.is_conj() or t.is_neg():
         return False
     shape, bucket, d = padded.shape, padded.arr.shape, padded.dim
