@@ -32,6 +32,7 @@ import weakref
 import torch
 from torch.accelerator._utils import _get_device_index
 
+from torch_jax import _compat
 from torch_jax.device import _module
 
 NAME = "jax"
@@ -160,8 +161,11 @@ def _deprecated_alias(original, replacement, message: str):
 
 def _install_accelerator() -> None:
     acc, mem = torch.accelerator, torch.accelerator.memory
-    routed = {name: _by_index(getattr(acc, name), fn) for name, fn in _BY_INDEX.items()}
-    routed.update({name: _no_args(getattr(acc, name), fn) for name, fn in _NO_ARGS.items()})
+    # (NOTE [torch.accelerator across versions] in torch_jax/_compat)
+    routed = {name: _by_index(getattr(acc, name), fn) for name, fn in _BY_INDEX.items() if _compat.in_accelerator(name)}
+    routed.update(
+        {name: _no_args(getattr(acc, name), fn) for name, fn in _NO_ARGS.items() if _compat.in_accelerator(name)}
+    )
     routed["set_device_index"] = _set_device_index(acc.set_device_index)
     routed["set_stream"] = _set_stream(acc.set_stream)
     # the deprecated aliases hold the original functions: alias the routed ones instead

@@ -25,6 +25,7 @@ from jax import lax
 from jax._src.lax import linalg as _lla_private  # geqrf and ormqr are not re-exported by jax.lax.linalg
 from jax.lax import linalg as lla
 
+from torch_jax import _compat
 from torch_jax.ops import _context, _reductions
 from torch_jax.ops._registry import aten, cpu_fallback, lower
 
@@ -251,7 +252,7 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     return factor, info
 
 
-@lower(aten.cholesky.default)
+@lower(_compat.aten_op("cholesky"))  # NOTE [aten.cholesky] (torch_jax/_compat)
 def cholesky(a, upper=False):
     factor, info = _cholesky(a, upper)
     _raise_on_info(info, "cholesky: " + _NOT_PD)

@@ -42,12 +42,15 @@ DECLARED_FALLBACKS: dict[torch._ops.OpOverload, str] = {}
 def lower(*ops, static=(), random=False, trust_meta=True, traced=(), meta=True):
     """Register ``fn`` as the lowering of each op overload in ``ops``.
 
+    None in ``ops`` is an op this torch does not have (``_compat.aten_op``): skipped.
     Scalar (``number``) arguments are run-time inputs unless named in ``static``;
     ``float`` arguments are compile-time constants unless named in ``traced`` (a
     learning rate that a scheduler changes every step must not recompile the op)."""
 
     def deco(fn):
         for op in ops:
+            if op is None:  # an op this torch does not have (torch_jax/_compat)
+                continue
             if not isinstance(op, torch._ops.OpOverload):
                 raise TypeError(f"lower() takes op overloads (aten.add.Tensor), got {op!r}")
             if op in LOWERINGS or op in DECLARED_FALLBACKS:
