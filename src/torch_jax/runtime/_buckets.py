@@ -318,6 +318,8 @@ def upload_dim(shape: tuple, dtype) -> int | None:
         signature = ("upload", d, shape[:d] + shape[d + 1 :], dtype)
         if _wanted(signature, n, False, threshold):
             if signature not in _announced:
+                if len(_announced) > _recompiles.MAX_NOTES:
+                    _announced.clear()
                 _announced.add(signature)
                 _recompiles.note_bucketing(shape, d, _lengths.get(signature, ()))
             return d
