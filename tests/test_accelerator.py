@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch_jax
+from torch_jax import _compat
 from torch_jax.device import _state
 
 A = torch.accelerator
@@ -299,9 +300,18 @@ def test_generator_state():
 
 
 def test_other_generators_are_pytorch_s():
-    assert type(torch.Generator()) is torch.Generator is torch._C.Generator
+    assert type(torch.Generator()) is torch._C.Generator
     assert torch.Generator("cpu").device == torch.device("cpu")
     assert isinstance(torch.default_generator, torch.Generator)
+    assert isinstance(torch.Generator(device="jax"), torch._C.Generator)
+    assert issubclass(torch._C.Generator, torch.Generator)
+    # NOTE [torch.Generator's metaclass]: PyTorch's class itself where its metaclass can be hooked
+    assert (torch.Generator is torch._C.Generator) == _compat.generator_metaclass_hookable()
+
+    class Mine(torch.Generator):
+        pass
+
+    assert type(Mine()) is Mine and isinstance(Mine(), torch.Generator)
 
 
 def test_a_cpu_generator_on_a_jax_op_raises_as_on_cuda():

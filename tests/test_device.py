@@ -57,6 +57,65 @@ def test_autoload_can_be_switched_off():
     assert out.splitlines() == ["privateuseone", "jax 2.0"]
 
 
+def _run_full(code: str, **env):
+    full_env = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env)
+
+
+def test_autoload_that_cannot_register_warns_once_and_leaves_torch_working():
+    # NOTE [Autoload never breaks torch]: a bad setting makes registration fail inside `import torch`
+    out = _run_full("import torch; print(torch.ones(2).sum().item())", TORCH_JAX_MODE="nonsense")
+    assert out.returncode == 0 and out.stdout.strip() == "2.0"
+    lines = [line for line in out.stderr.splitlines() if "RegistrationWarning" in line]
+    assert len(lines) == 1, out.stderr
+    assert "could not register the jax device (ValueError: TORCH_JAX_MODE='nonsense'" in lines[0]
+    assert "torch>=2.11,<2.15" in lines[0] and f"torch {torch.__version__}" in lines[0]
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in lines[0]
+
+
+def test_autoload_against_a_torch_without_the_backend_api():
+    # a torch whose private API for Python backends moved, and PrivateUse1 taken by another backend
+    out = _run(
+        """
+        import warnings, torch
+        del torch._C._acc.PrivateUse1Hooks
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch._import_device_backends()  # what `import torch` runs
+        print(len(caught), caught[0].category.__name__, "AttributeError" in str(caught[0].message))
+        print(torch.ones(2).sum().item(), torch.zeros(1, device="meta").device)
+        import torch_jax
+        try:
+            torch_jax.initialize()
+        except RuntimeError as error:
+            print("initialize:", "could not register" in str(error), type(error.__cause__).__name__)
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.splitlines() == ["1 RegistrationWarning True", "2.0 meta", "initialize: True AttributeError"]
+
+
+def test_backend_already_taken_and_an_untested_torch_say_so():
+    out = _run(
+        """
+        import warnings, torch
+        torch.__version__ = "2.15.0"
+        torch.utils.rename_privateuse1_backend("other")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch_jax
+        for w in caught:
+            print(w.category.__name__, str(w.message).split(";")[0])
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.splitlines() == [
+        "RegistrationWarning torch_jax supports torch>=2.11,<2.15, jax>=0.10,<0.12",
+        "RegistrationWarning torch_jax could not register the jax device (RuntimeError: torch_jax: "
+        "PyTorch's PrivateUse1 backend is already registered as 'other'",
+    ]
+
+
 def test_device_module_api():
     mod = torch.jax
     assert torch.get_device_module("jax") is mod

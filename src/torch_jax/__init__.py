@@ -15,13 +15,21 @@ def _autoload() -> None:
     ``import torch`` runs this entry point while torch_jax is still half-imported."""
 
 
-from torch_jax._config import Config, config  # noqa: E402
-from torch_jax._warnings import FallbackWarning, RecompileWarning  # noqa: E402
-from torch_jax.device._registration import initialize, register  # noqa: E402
+from torch_jax._warnings import FallbackWarning, RecompileWarning, RegistrationWarning  # noqa: E402
 
 __version__ = "0.1.0"
 
-register()
+try:  # NOTE [Autoload never breaks torch] (in _compat)
+    from torch_jax import _compat
+    from torch_jax._config import Config, config
+    from torch_jax.device._registration import initialize, register
+
+    _compat.warn_if_unsupported()
+    register()
+except Exception as _error:
+    from torch_jax import _compat
+
+    initialize = register = _compat.registration_failed(_error)
 
 
 def stats() -> dict:
@@ -71,6 +79,7 @@ __all__ = [
     "Config",
     "FallbackWarning",
     "RecompileWarning",
+    "RegistrationWarning",
     "config",
     "fused",
     "initialize",

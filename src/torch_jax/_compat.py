@@ -1,5 +1,14 @@
 """What differs between the torch versions torch_jax supports, in one place.
 
+Supported: torch 2.11 to 2.14 and jax 0.10 to 0.11 (``SUPPORTED``, pyproject's ranges).
+NOTE [Autoload never breaks torch]: PyTorch imports torch_jax on every ``import torch`` and
+turns any exception into "Failed to load the backend extension", which breaks every PyTorch
+program in the environment. So a torch_jax that cannot register (an unsupported torch, a
+private API that moved, a bad ``TORCH_JAX_*`` setting) warns once, in one line naming the
+versions and the fix (``RegistrationWarning``), and leaves PyTorch working; using the device
+then raises that error. A version outside the supported ranges that does register says so
+once too.
+
 Everything that depends on which torch is installed (ops added or removed, schema
 changes, private APIs the device relies on) is decided here, one NOTE per difference,
 so that the rest of the code reads the same on every version.
@@ -13,11 +22,97 @@ version to version (torch 2.11 has no ``empty_host_cache``). The device routes e
 functions that the installed torch has (device/_accelerator), and leaves a missing one
 missing, as it is for CUDA with that torch: routing it would raise AttributeError while
 ``import torch`` loads the backend, which breaks every program in the environment.
+
+NOTE [torch.Generator's metaclass]: from torch 2.13 ``torch.Generator`` (``torch._C.Generator``)
+has a Python metaclass, whose ``__call__`` the device hooks so that
+``torch.Generator(device="jax")`` makes a jax generator (NOTE [jax generators]). In torch
+2.11 and 2.12 its metaclass is ``type``, which cannot be changed; there the device replaces
+``torch.Generator`` by a subclass that makes PyTorch's generators (``type(torch.Generator())``
+is ``torch._C.Generator``) and answers ``isinstance``/``issubclass`` for PyTorch's class, as
+``torch.Stream`` does on every version. TorchScript's ``ann is torch.Generator`` then no longer
+recognizes annotations made before torch_jax loaded (none in a user's program).
+
+NOTE [Stream.is_capturing]: torch 2.11 and 2.12 raise "Backend doesn't support stream capture
+query" from ``torch.Stream.is_capturing()`` on a Python backend's stream, 2.13 answers False.
+The device's ``torch.Stream`` answers False on every version: a jax stream never captures.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
+
 import torch
+
+from torch_jax._warnings import RegistrationWarning
+
+# (first supported, first unsupported) release of each
+SUPPORTED = {"torch": ((2, 11), (2, 15)), "jax": ((0, 10), (0, 12))}
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _installed(name: str) -> str:
+    if name == "torch":
+        return torch.__version__
+    try:
+        return importlib.metadata.version(name)  # (does not import jax: NOTE [Cheap autoload])
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _ranges() -> str:
+    return ", ".join(f"{n}>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}" for n, (lo, hi) in SUPPORTED.items())
+
+
+def _versions() -> str:
+    return ", ".join(f"{name} {_installed(name)}" for name in SUPPORTED)
+
+
+def unsupported() -> list[str]:
+    """The installed packages outside ``SUPPORTED``."""
+    out = []
+    for name, (lo, hi) in SUPPORTED.items():
+        try:
+            release = _release(_installed(name))
+        except ValueError:
+            out.append(name)
+            continue
+        if not lo <= release < hi:
+            out.append(name)
+    return out
+
+
+def warn_if_unsupported() -> None:
+    """One warning when torch or jax lies outside the supported ranges (NOTE [Autoload never
+    breaks torch])."""
+    if unsupported():
+        warnings.warn(
+            f"torch_jax supports {_ranges()}; this is {_versions()}, untested: "
+            f"install a supported version (pip install '{_ranges().split(', ')[0]}') if the jax device misbehaves",
+            RegistrationWarning,
+            stacklevel=3,
+        )
+
+
+def registration_failed(error: BaseException):
+    """Warn once that the device could not register; return a function that raises the
+    same error when the device is used (NOTE [Autoload never breaks torch])."""
+    fix = f"install a supported version (pip install '{_ranges().split(', ')[0]}')" if unsupported() else "fix that"
+    message = (
+        f"torch_jax could not register the jax device ({type(error).__name__}: {error}) with {_versions()} "
+        f"(supported: {_ranges()}): PyTorch works without it; {fix}, "
+        "or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to stop loading it"
+    )
+    warnings.warn(message.replace("\n", " "), RegistrationWarning, stacklevel=3)
+
+    def unregistered(*args, **kwargs):
+        raise RuntimeError(message) from error
+
+    return unregistered
 
 
 def aten_op(name: str, overload: str = "default"):
@@ -30,3 +125,9 @@ def in_accelerator(name: str) -> bool:
     """Whether this torch's ``torch.accelerator`` has ``name`` (NOTE [torch.accelerator
     across versions])."""
     return hasattr(torch.accelerator, name)
+
+
+def generator_metaclass_hookable() -> bool:
+    """Whether ``torch.Generator``'s metaclass is a Python class the device can hook
+    (NOTE [torch.Generator's metaclass])."""
+    return type(torch._C.Generator) is not type

@@ -8,3 +8,8 @@ class FallbackWarning(UserWarning):
 class RecompileWarning(UserWarning):
     """An op or fused graph keeps compiling for new shapes (NOTE [Shapes that keep
     changing] in runtime/_recompiles)."""
+
+
+class RegistrationWarning(UserWarning):
+    """torch_jax could not register the jax device, or runs beside an untested torch or
+    jax (NOTE [Autoload never breaks torch] in _compat)."""

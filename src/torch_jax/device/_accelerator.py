@@ -293,6 +293,13 @@ class Stream(_CStream, metaclass=_AnswersForPyTorchType):
             return super().synchronize()
         _module.synchronize(self.device_index)
 
+    def is_capturing(self) -> bool:
+        """A jax stream never captures a graph (torch 2.11/2.12 raise "Backend doesn't
+        support stream capture query" for a Python backend; 2.13 answers False)."""
+        if self.device.type != NAME:
+            return super().is_capturing()
+        return False
+
     def wait_event(self, event) -> None:
         """Nothing to order on the jax device (NOTE [One stream per device])."""
         if self.device.type != NAME:
@@ -467,7 +474,8 @@ def _install_pinning() -> None:
 
 # NOTE [jax generators]: PyTorch builds device generators in C++ (getNewGenerator),
 # which a Python backend cannot provide. ``torch.Generator`` stays PyTorch's class, but
-# its metaclass (a Python class) now makes ``torch.Generator(device="jax")`` a
+# its metaclass (a Python class where torch has one, NOTE [torch.Generator's metaclass])
+# now makes ``torch.Generator(device="jax")`` a
 # ``_JaxGenerator``: a subclass whose C++ half is an unused CPU generator (the handle
 # PyTorch passes to kernels) and whose Python half is a (seed, offset) pair like the
 # device RNG (NOTE [Device RNG]), so a generator and the device seeded alike draw the
@@ -569,17 +577,42 @@ def generator_key(generator, index: int):
     return owner._next_words()
 
 
+def _jax_generator(args, kwargs) -> _JaxGenerator | None:
+    """``torch.Generator(*args, **kwargs)`` when it asks for a jax generator, else None."""
+    if len(args) + len(kwargs) == 1:
+        device = args[0] if args else kwargs.get("device")
+        if device is not None and _is_jax_device(device):
+            return _JaxGenerator(_device_index(device))
+    return None
+
+
+class _GeneratorType(_AnswersForPyTorchType, type(_CGenerator)):  # (type(_CGenerator) is type before 2.13)
+    def __call__(cls, *args, **kwargs):
+        if cls is not Generator:  # a user's subclass
+            return super().__call__(*args, **kwargs)
+        made = _jax_generator(args, kwargs)
+        return _CGenerator(*args, **kwargs) if made is None else made
+
+
+class Generator(_CGenerator, metaclass=_GeneratorType):
+    """``torch.Generator`` where PyTorch's class has no Python metaclass to hook
+    (NOTE [torch.Generator's metaclass]): it makes PyTorch's generators, and answers
+    ``isinstance``/``issubclass`` for PyTorch's class."""
+
+    __doc__ = _CGenerator.__doc__
+    __module__ = "torch"
+    _pytorch_type = _CGenerator
+
+
 def _install_generators() -> None:
-    meta = type(_CGenerator)
-    if meta is type:  # PyTorch's class has no Python metaclass to hook: keep PyTorch's error
+    if not _compat.generator_metaclass_hookable():
+        torch.Generator = Generator
         return
+    meta = type(_CGenerator)
     construct = meta.__call__
 
     def __call__(cls, *args, **kwargs):
-        if cls is _CGenerator and len(args) + len(kwargs) == 1:
-            device = args[0] if args else kwargs.get("device")
-            if device is not None and _is_jax_device(device):
-                return _JaxGenerator(_device_index(device))
-        return construct(cls, *args, **kwargs)
+        made = _jax_generator(args, kwargs) if cls is _CGenerator else None
+        return construct(cls, *args, **kwargs) if made is None else made
 
     meta.__call__ = __call__
