@@ -39,14 +39,20 @@ from torch_jax._config import cpuinfo
 VARIANTS = {
     "cpu": "PyTorch CPU eager",
     "inductor": "torch.compile (Inductor, CPU)",
+    "cuda": "PyTorch CUDA eager",
+    "cuda_inductor": "torch.compile (Inductor, CUDA)",
     "strict": "jax strict eager",
     "fused": "jax fused eager",
 }
+DEFAULT_VARIANTS = "cpu,inductor,strict,fused"
+_TORCH_DEVICE = {"cpu": "cpu", "inductor": "cpu", "cuda": "cuda", "cuda_inductor": "cuda"}  # else jax
 
 
 def _machine(meta: dict) -> str:
     """The machine and the products' path, as the report's header says them."""
     text = f"{meta['cpus']} CPU cores ({meta.get('cpu_model', '?')}), jax device {meta['jax_device']}"
+    if meta.get("cuda_device"):
+        text += f", PyTorch CUDA device {meta['cuda_device']}"
     if "cpu_blas" in meta:
         text += ", fused graphs' products through " + ("MKL" if meta["cpu_blas"] else "XLA's dot")
     return text
@@ -72,7 +78,13 @@ def _reset_peak() -> int:
     return _status_kb("VmRSS")
 
 
+def _none():
+    return None
+
+
 def _device_peak() -> int | None:
+    """The jax device's peak memory in bytes (a GPU's; None on XLA:CPU). JAX cannot reset it:
+    it is the peak since the process started."""
     import jax
 
     stats = jax.devices()[0].memory_stats() or {}
@@ -85,16 +97,18 @@ class _Variant:
 
     def __init__(self, workload, variant: str, inner: int):
         self.variant, self.inner, self.times = variant, inner, []
-        self.device = "cpu" if variant in ("cpu", "inductor") else "jax"
+        self.device = _TORCH_DEVICE.get(variant, "jax")
         self.mode = "fused" if variant == "fused" else "strict"
         self.mark = variant == "fused" and workload.step
         self.compiles = self.graphs = self.graph_ops = 0
         start_kb = _reset_peak()
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         with self._mode():
-            self.fn = workload.setup(self.device, variant == "inductor")
+            self.fn = workload.setup(self.device, variant.endswith("inductor"))
             self._repeat(max(3, inner))  # (fused mode compiles the graphs it will reuse)
         self.peak_mb = (_status_kb("VmHWM") - start_kb) / 1024
-        self.device_peak = _device_peak() if self.device == "jax" else None
+        self.device_peak = {"jax": _device_peak, "cuda": torch.cuda.max_memory_allocated}.get(self.device, _none)()
 
     @contextlib.contextmanager
     def _mode(self):
@@ -114,8 +128,8 @@ class _Variant:
             kept.append(self.fn())
             if self.mark:
                 torch_jax.mark_step()
-        if self.device == "jax":
-            torch.jax.synchronize()
+        if self.device != "cpu":
+            torch.get_device_module(self.device).synchronize()
         return time.perf_counter() - t0
 
     def time_one_repeat(self) -> None:
@@ -188,33 +202,51 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def _cell(results: dict, variant: str) -> str:
+def _cell(results: dict, variant: str, baseline: str = "cpu") -> str:
     r = results.get(variant)
     if r is None:
         return "-"
     if "error" in r:
         return "error"
-    base = results.get("cpu", {}).get("seconds")
+    base = results.get(baseline, {}).get("seconds")
     ratio = f" ({r['seconds'] / base:.2f}x)" if base else ""
     return _fmt_time(r["seconds"]) + ratio
 
 
+def baseline(report: dict) -> str:
+    """The variant the ratios are against: the first one run (PyTorch CPU eager by default)."""
+    return report["variants"][0]
+
+
+def _memory_table(report: dict, title: str, key: str) -> list[str]:
+    """A table of ``key`` per workload and variant; none where no variant measured it."""
+    variants, rows, measured = report["variants"], [], False
+    for name, results in report["results"].items():
+        values = [(results.get(v) or {}).get(key) for v in variants]
+        measured = measured or any(x is not None for x in values)
+        rows.append(f"| {name} | " + " | ".join("-" if x is None else f"{x:.0f}" for x in values) + " |")
+    if not measured:
+        return []
+    head = ["| workload | " + " | ".join(VARIANTS[v] for v in variants) + " |", "| --- |" + " --- |" * len(variants)]
+    return ["", title, "", *head, *rows]
+
+
 def markdown(report: dict) -> str:
-    variants = report["variants"]
+    variants, base = report["variants"], baseline(report)
     lines = [
         "| workload | " + " | ".join(VARIANTS[v] for v in variants) + " |",
         "| --- |" + " --- |" * len(variants),
     ]
     for name, results in report["results"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(results, v) for v in variants) + " |")
-    lines += ["", "Peak memory (MB above the process's resident set when the variant started; build and warm-up):", ""]
-    lines += ["| workload | " + " | ".join(VARIANTS[v] for v in variants) + " |", "| --- |" + " --- |" * len(variants)]
-    for name, results in report["results"].items():
-        cells = []
-        for v in variants:
-            r = results.get(v)
-            cells.append("-" if r is None or "error" in r else f"{r['peak_mb']:.0f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(_cell(results, v, base) for v in variants) + " |")
+    lines += _memory_table(
+        report, "Peak memory (MB above the process's resident set when the variant started; build and warm-up):",
+        "peak_mb",
+    )  # fmt: skip
+    lines += _memory_table(
+        report, "Peak device memory (MB; PyTorch CUDA's since the variant started, JAX's since the process "
+        "started, as JAX cannot reset it):", "device_peak_mb",
+    )  # fmt: skip
     return "\n".join(lines)
 
 
@@ -257,23 +289,23 @@ def chart(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(report["results"])
-    variants = [v for v in report["variants"] if v != "cpu"]
+    names, base = list(report["results"]), baseline(report)
+    variants = [v for v in report["variants"] if v != base]
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) * max(1, len(variants)) / 2 + 1.5))
     height = 0.8 / max(1, len(variants))
     for k, v in enumerate(variants):
         ys, xs = [], []
         for i, name in enumerate(names):
-            r, base = report["results"][name].get(v), report["results"][name].get("cpu")
-            if r and base and "seconds" in r and "seconds" in base:
+            r, b = report["results"][name].get(v), report["results"][name].get(base)
+            if r and b and "seconds" in r and "seconds" in b:
                 ys.append(i + k * height)
-                xs.append(r["seconds"] / base["seconds"])
+                xs.append(r["seconds"] / b["seconds"])
         ax.barh(ys, xs, height=height, label=VARIANTS[v])
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
     ax.set_yticks([i + height * (len(variants) - 1) / 2 for i in range(len(names))], names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("time relative to PyTorch CPU eager (log scale; < 1 is faster)")
+    ax.set_xlabel(f"time relative to {VARIANTS[base]} (log scale; < 1 is faster)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -291,7 +323,7 @@ def write(report: dict, out: str) -> None:
         "",
         f"Generated by `python -m benchmarks` ({meta['date']}, torch {meta['torch']}, jax {meta['jax']}, "
         f"{_machine(meta)}; median of {meta['repeats']} repeats).",
-        "Every workload ran under each variant in one process; ratios are against PyTorch CPU eager "
+        f"Every workload ran under each variant in one process; ratios are against {VARIANTS[baseline(report)]} "
         "(below 1 is faster).",
         "",
         markdown(report),
@@ -302,7 +334,7 @@ def write(report: dict, out: str) -> None:
         "",
         f"torchax: {report['torchax']}.",
         "",
-        "![time relative to PyTorch CPU eager](chart.png)",
+        f"![time relative to {VARIANTS[baseline(report)]}](chart.png)",
         "",
     ]
     with open(os.path.join(out, "README.md"), "w") as f:
@@ -350,6 +382,7 @@ def setup() -> dict:
         "cpus": os.cpu_count(),
         "cpu_model": cpuinfo("model name") or platform.processor() or platform.machine(),
         "jax_device": str(jax.devices()[0].device_kind),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu_blas": torch_jax.config.cpu_blas,
     }
 
@@ -357,7 +390,11 @@ def setup() -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="run the workloads whose names contain one of these")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        default=DEFAULT_VARIANTS,
+        help=f"comma-separated, the first is the baseline of the ratios: {','.join(VARIANTS)}",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 repeats of a tenth of the iterations (a smoke run)")
     parser.add_argument("--out", default="docs/benchmarks")
@@ -391,7 +428,7 @@ def main(argv=None) -> dict:
             extra = (
                 f"  compiles while timed: {r['compiles_while_timed']}" if r["compiles_while_timed"] is not None else ""
             )
-            print(f"  {VARIANTS[v]:32s} {_cell(results, v):>22s}  peak {r['peak_mb']:7.0f} MB{extra}")
+            print(f"  {VARIANTS[v]:32s} {_cell(results, v, variants[0]):>22s}  peak {r['peak_mb']:7.0f} MB{extra}")
     print()
     print(markdown(report))
     print()

@@ -30,6 +30,11 @@ def config_as(**settings):
             setattr(torch_jax.config, name, value)
 
 
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("two_devices") and torch.jax.device_count() < 2:
+        pytest.skip(f"needs two jax devices; this JAX platform ({torch.jax.get_device_name(0)}) has one")
+
+
 @pytest.fixture(autouse=True)
 def _fallback_is_an_error():
     """Tests run with the CPU fallback forbidden; a test that allows it says so."""

@@ -29,6 +29,7 @@ def _restore_current_device():
 # ---- torch.accelerator ----
 
 
+@pytest.mark.two_devices
 def test_the_accelerator_is_jax_with_two_devices():
     assert A.current_accelerator().type == "jax"
     assert A.current_accelerator(check_available=True).type == "jax"
@@ -37,6 +38,7 @@ def test_the_accelerator_is_jax_with_two_devices():
     assert A.current_device_index() == 0
 
 
+@pytest.mark.two_devices
 def test_set_device_index_changes_the_current_device():
     A.set_device_index(1)
     assert A.current_device_index() == 1 == torch.jax.current_device()
@@ -47,6 +49,7 @@ def test_set_device_index_changes_the_current_device():
     assert A.current_device_index() == 1
 
 
+@pytest.mark.two_devices
 def test_device_index_context_manager_switches_and_restores():
     with A.device_index(1):
         assert A.current_device_index() == 1
@@ -69,6 +72,7 @@ def test_deprecated_aliases_warn_and_route():
 _TAKES_ARGUMENTS = {"Graph", "device_index", "set_device_index", "set_device_idx", "set_stream"}
 
 
+@pytest.mark.two_devices
 @pytest.mark.parametrize("name", sorted(set(A.__all__) - _TAKES_ARGUMENTS))
 def test_every_accelerator_function_runs(name):
     with warnings.catch_warnings():
@@ -122,6 +126,7 @@ def _busy(index=0):
     return x
 
 
+@pytest.mark.two_devices
 def test_current_stream_and_streams_of_a_device_are_its_one_stream():
     s = A.current_stream()
     assert isinstance(s, torch.Stream) and s.device == torch.device("jax:0")
@@ -132,6 +137,7 @@ def test_current_stream_and_streams_of_a_device_are_its_one_stream():
     assert not s.is_capturing()
 
 
+@pytest.mark.two_devices
 @pytest.mark.usefixtures("strict_mode")
 def test_stream_synchronize_waits_for_the_device():
     _busy(1)
@@ -142,6 +148,7 @@ def test_stream_synchronize_waits_for_the_device():
     assert s.query()
 
 
+@pytest.mark.two_devices
 def test_stream_context_and_set_stream_make_its_device_current():
     s = torch.Stream(device="jax:1")
     with s:
@@ -155,6 +162,7 @@ def test_stream_context_and_set_stream_make_its_device_current():
     assert A.current_device_index() == 0
 
 
+@pytest.mark.two_devices
 def test_stream_waits_and_record_event():
     s0, s1 = A.current_stream(0), torch.Stream(device="jax:1")
     _busy(0)
@@ -193,6 +201,7 @@ def test_event_elapsed_time():
         start.elapsed_time(torch.Event())
 
 
+@pytest.mark.two_devices
 def test_event_on_another_device_and_mismatch():
     e = torch.Event(device="jax:1")
     e.record(torch.Stream(device="jax:1"))
@@ -282,6 +291,7 @@ def test_generator_draws_what_the_device_rng_draws_from_the_same_seed():
     assert torch.equal(_draw(g), expected)
 
 
+@pytest.mark.two_devices
 def test_generator_state():
     g = torch.Generator(device="jax:1").manual_seed(5)
     assert g.device == torch.device("jax:1") and g.initial_seed() == 5

@@ -116,6 +116,7 @@ def test_backend_already_taken_and_an_untested_torch_say_so():
     ]
 
 
+@pytest.mark.two_devices
 def test_device_module_api():
     mod = torch.jax
     assert torch.get_device_module("jax") is mod
@@ -136,6 +137,7 @@ def test_device_module_api():
     mod.empty_cache()
 
 
+@pytest.mark.two_devices
 def test_set_device_and_device_context():
     with torch.jax.device(1):
         assert torch.jax.current_device() == 1
@@ -151,6 +153,7 @@ def test_set_device_and_device_context():
         torch.empty(2, device="jax:5")
 
 
+@pytest.mark.two_devices
 def test_jax_n_lives_on_jax_device_n():
     t = torch.arange(4.0, device="jax:1")
     assert t.device == torch.device("jax:1")
@@ -162,6 +165,7 @@ def test_jax_n_lives_on_jax_device_n():
     assert _storage.array(_storage.box_of(c)).devices() == {jax.devices()[1]}
 
 
+@pytest.mark.two_devices
 def test_backward_on_second_device():
     x = torch.arange(3.0, device="jax:1", requires_grad=True)
     (x * x).sum().backward()
@@ -169,6 +173,7 @@ def test_backward_on_second_device():
     assert x.grad.tolist() == [0.0, 2.0, 4.0]
 
 
+@pytest.mark.two_devices
 def test_mixing_devices_raises_the_cuda_error():
     a = torch.ones(3, device="jax:0")
     b = torch.ones(3, device="jax:1")

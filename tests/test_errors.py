@@ -79,6 +79,10 @@ def _same_gist(a: str, b: str) -> bool:
 def test_device_mismatch_names_both_devices():
     with pytest.raises(RuntimeError, match=r"found at least two devices, jax:0 and cpu!"):
         torch.zeros(3, device="jax") * torch.zeros(3)
+
+
+@pytest.mark.two_devices
+def test_mismatch_of_two_jax_devices_names_both():
     with pytest.raises(RuntimeError, match=r"found at least two devices, jax:1 and jax:0!"):
         torch.zeros(3, device="jax:1").copy_(torch.zeros(3, device="jax:1")).add_(torch.zeros(3, device="jax:0"))
 

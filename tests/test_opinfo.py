@@ -18,7 +18,9 @@ gradients) takes over an hour on two cores, so by default CI runs a fixed share:
 
 In fused eager (``TORCH_JAX_MODE=fused``, CI's second run) the default share is a fixed
 ~1/96 of all (OpInfo, dtype) pairs, each with variants and gradients: every sample then
-runs as recorded graphs, which compile more slowly than single ops.
+runs as recorded graphs, which compile more slowly than single ops. ``TORCH_JAX_OPINFO=small``
+runs that share in either mode (CI's runs on the other torch versions, and
+benchmarks/accelerator_check.sh).
 
 ``TORCH_JAX_OPINFO=full python -m pytest tests/test_opinfo.py`` runs the whole sweep;
 ``python -m torch_jax.report coverage`` runs it too and writes docs/COVERAGE.md.
@@ -36,10 +38,13 @@ import torch
 import torch_jax
 from torch_jax.report import _sweep
 
-FULL = os.environ.get("TORCH_JAX_OPINFO", "share") == "full"
+OPINFO = os.environ.get("TORCH_JAX_OPINFO", "share")
+if OPINFO not in ("share", "small", "full"):
+    raise ValueError(f"TORCH_JAX_OPINFO={OPINFO!r}: expected share, small or full")
+FULL = OPINFO == "full"
 SHARE = 48  # one (OpInfo, dtype) pair in SHARE runs fully in the default (CI) share
-FUSED = torch_jax.config.mode == "fused"
-FUSED_SHARE = 96  # (a multiple of SHARE: its pairs are among the strict run's thorough ones)
+SMALL = OPINFO == "small" or (torch_jax.config.mode == "fused" and not FULL)
+SMALL_SHARE = 96  # (a multiple of SHARE: its pairs are among the strict run's thorough ones)
 
 
 def _in_share(name: str, dtype, share: int = SHARE) -> bool:
@@ -49,8 +54,8 @@ def _in_share(name: str, dtype, share: int = SHARE) -> bool:
 def _selected(name: str, dtype) -> bool:
     if FULL:
         return True
-    if FUSED:
-        return _in_share(name, dtype, FUSED_SHARE)
+    if SMALL:
+        return _in_share(name, dtype, SMALL_SHARE)
     return dtype == torch.float32 or _in_share(name, dtype)
 
 
@@ -75,7 +80,7 @@ PAIRS = [
 def test_opinfo(op, dtype):
     from torch_jax.ops._registry import DECLARED_FALLBACKS
 
-    thorough = FULL or FUSED or _in_share(_sweep.name_of(op), dtype)
+    thorough = FULL or SMALL or _in_share(_sweep.name_of(op), dtype)
     result = _sweep.check(
         op,
         dtype,

@@ -211,3 +211,51 @@ def test_random_factories(name):
         assert set(v.long().tolist()) == set(range(5))
     if name == "randperm":
         assert sorted(v.long().tolist()) == list(range(50))
+
+
+# ---- copies with other torch devices (NOTE [Copies with CUDA]) ----
+
+
+def test_which_copies_go_through_dlpack():
+    from torch_jax.runtime._copy import dlpack_route
+
+    assert dlpack_route("cuda", "gpu") and dlpack_route("cuda", "cuda") and dlpack_route("cuda", "rocm")
+    assert not dlpack_route("cuda", "cpu") and not dlpack_route("cpu", "gpu") and not dlpack_route("xpu", "gpu")
+    assert not dlpack_route("meta", "cpu")
+
+
+@pytest.mark.parametrize("dlpack", [True, False], ids=["dlpack", "host"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64, torch.complex64], ids=str)
+def test_copies_from_and_to_another_torch_device_own_their_memory(dtype, dlpack):
+    # both routes of a cuda <-> jax copy, with CPU tensors standing in for the other device
+    from torch_jax.runtime._copy import from_torch_device, to_torch_device
+
+    src = sample(dtype, (4, 6))
+    expected = src.clone()
+    before = torch_jax.stats().get("device_transfers", 0)
+    got = from_torch_device(src.t(), 1, dlpack=dlpack)  # (a transposed view: read in its logical order)
+    assert got.device == torch.device("jax:1") and got.dtype == dtype
+    src.zero_()  # the jax tensor is a copy, whoever writes the source afterwards
+    assert torch.equal(got.cpu(), expected.t())
+    back = to_torch_device(got, torch.device("cpu"), dlpack=dlpack)
+    assert back.device.type == "cpu" and torch.equal(back, expected.t())
+    back.zero_()  # and the other device's tensor owns its memory too
+    assert torch.equal(got.cpu(), expected.t())
+    assert torch_jax.stats().get("device_transfers", 0) - before == (2 if dlpack else 0)  # (no silent detour)
+    if dtype.is_complex:
+        conj = from_torch_device(expected.conj(), 0, dlpack=dlpack)
+        assert torch.equal(conj.cpu(), expected.conj().resolve_conj())
+
+
+def test_jax_memory_is_allocated_on_demand_unless_the_user_chose():
+    # NOTE [GPU memory beside PyTorch]: set before the device starts JAX, never over the user's choice
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, torch; torch.ones(1, device='jax'); print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PYTHON_CLIENT_")}
+    for extra, expected in (({}, "false"), ({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, "true"),
+                            ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".4"}, "None")):  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **extra})
+        assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr

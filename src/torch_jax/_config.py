@@ -103,3 +103,27 @@ class Config:
 
 
 config = Config()
+
+# NOTE [GPU memory beside PyTorch]: by default JAX's GPU client preallocates 75% of each
+# GPU's memory when it starts, which would leave a program's own CUDA tensors (PyTorch's
+# caching allocator) a quarter of the GPU. So before the device starts JAX, it sets
+# ``XLA_PYTHON_CLIENT_PREALLOCATE=false``: JAX's allocator then grows on demand (up to
+# ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the GPU, 75% by default) and keeps what it took for
+# reuse, as PyTorch's does. A user who set any of JAX's memory variables keeps their
+# choice: ``XLA_PYTHON_CLIENT_PREALLOCATE=true`` brings preallocation back (a JAX-only
+# program gains a little), ``XLA_PYTHON_CLIENT_MEM_FRACTION=.4`` caps JAX at 40%, and
+# ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` frees each buffer at once (slow, exact). They are
+# read when JAX starts its GPU client: a program that used JAX before the device keeps
+# whatever JAX started with. Nothing changes on the CPU.
+JAX_MEMORY_VARIABLES = (
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+)
+
+
+def share_gpu_memory() -> None:
+    """NOTE [GPU memory beside PyTorch]: JAX allocates GPU memory on demand unless the user
+    chose otherwise."""
+    if not any(name in os.environ for name in JAX_MEMORY_VARIABLES):
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"

@@ -108,8 +108,10 @@ def initialize() -> None:
     with _lock:
         if _initialized:
             return
+        from torch_jax._config import share_gpu_memory
         from torch_jax.runtime import _host_memory
 
+        share_gpu_memory()  # NOTE [GPU memory beside PyTorch]
         _host_memory.keep_freed_blocks(_host_memory.platform())  # NOTE [Host memory of the CPU device]
         register()
         from torch_jax.runtime import _install

@@ -159,11 +159,16 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     self, src = _plain(self), _plain(src)
     if self.is_cpu:
         return self.copy_(download(src))
+    jax_type = _storage_device_type()
+    if self.device.type != jax_type:  # e.g. a cuda tensor written from a jax one
+        return self.copy_(to_torch_device(src, self.device))
     index = _storage.box_of(self).index
     if src.is_cpu:
         if _upload_into(self, src, index, non_blocking):
             return self
         src = upload_tensor(src, index, non_blocking)
+    elif src.device.type != jax_type:
+        src = from_torch_device(src, index)
     elif _storage.box_of(src).index != index:
         src = move(src, index)
     if _alias_whole(self, src):
@@ -175,6 +180,58 @@ def move(t: torch.Tensor, index: int) -> torch.Tensor:
     """A contiguous copy of ``t`` on jax:index."""
     arr = jax.device_put(logical_array(t, "copy between devices"), _devices.device(index))
     return _storage.new_tensor(t.shape, t.dtype, index, arr)
+
+
+# NOTE [Copies with CUDA]: a program can hold ``cuda`` and ``jax`` tensors in one process.
+# Where JAX's device is a GPU (platform "gpu", "cuda" or "rocm") and the torch tensor is on a
+# GPU too (``cuda``, which is also ROCm's type), the copy goes device to device through
+# DLPack: JAX reads torch's buffer (DLPack's stream argument orders it after torch's work)
+# and copies it on the device (an alias would change when torch writes the tensor), and
+# torch reads JAX's buffer the same way and copies it, so neither side ever shares the
+# other's memory. Otherwise, and when DLPack refuses (another GPU than JAX sees, a dtype
+# DLPack lacks), the values go through the host: one download and one upload.
+
+
+def dlpack_route(torch_device_type: str, jax_platform: str) -> bool:
+    """Whether a copy between a torch device and a JAX device goes through DLPack (NOTE
+    [Copies with CUDA])."""
+    return torch_device_type == "cuda" and jax_platform in ("gpu", "cuda", "rocm")
+
+
+def from_torch_device(src: torch.Tensor, index: int, dlpack: bool | None = None) -> torch.Tensor:
+    """A new contiguous tensor on jax:index with the values of ``src``, a tensor of another
+    torch device (NOTE [Copies with CUDA]); ``dlpack`` overrides the route (tests)."""
+    dev = _devices.device(index)
+    src = src.detach().resolve_conj().resolve_neg()
+    if dlpack is None:
+        dlpack = dlpack_route(src.device.type, dev.platform)
+    if dlpack:
+        try:
+            borrowed = jax.dlpack.from_dlpack(src.contiguous())
+        except (RuntimeError, TypeError, ValueError, BufferError):
+            borrowed = None
+        if borrowed is not None:
+            _stats.counters["device_transfers"] += 1
+            arr = jax.device_put(borrowed, dev, may_alias=False)  # our own copy, on our device
+            return _storage.new_tensor(src.shape, src.dtype, index, arr)
+    return upload_tensor(src.cpu(), index)
+
+
+def to_torch_device(t: torch.Tensor, device: torch.device, dlpack: bool | None = None) -> torch.Tensor:
+    """A new tensor on ``device``, another torch device, with the values of the jax tensor
+    ``t`` (NOTE [Copies with CUDA]); ``dlpack`` overrides the route (tests)."""
+    arr = logical_array(t, "copy to another device")
+    if dlpack is None:
+        dlpack = dlpack_route(device.type, _devices.device(_storage.box_of(t).index).platform)
+    if dlpack:
+        try:
+            borrowed = torch.from_dlpack(arr)
+        except (RuntimeError, TypeError, ValueError, BufferError):
+            borrowed = None
+        if borrowed is not None:
+            _stats.counters["device_transfers"] += 1
+            return borrowed.to(device, copy=True)  # never JAX's buffer itself
+    return download(t).to(device)
 
 
 def _upload_into(self, src, index, non_blocking) -> bool:
@@ -240,8 +297,11 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         if memory_format == torch.contiguous_format:
             out = out.contiguous()
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
-    if target.type != _storage_device_type():
-        raise RuntimeError(f"torch_jax: cannot copy a jax tensor to device {target}")
+    if target.type != _storage_device_type():  # cuda, or another device of this torch
+        out = to_torch_device(self, target)
+        if memory_format == torch.contiguous_format:
+            out = out.contiguous()
+        return out if dtype is None or dtype == out.dtype else out.to(dtype)
     index = _devices.index_of(target)
     if index != _storage.box_of(self).index:
         self = move(self, index)
