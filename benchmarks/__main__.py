@@ -332,6 +332,11 @@ def write(report: dict, out: str) -> None:
         "",
         *headline(report),
         "",
+        *(
+            [f"Interrupted (a time limit) at {report['interrupted_at']}: the workloads after it did not run.", ""]
+            if "interrupted_at" in report
+            else []
+        ),
         f"torchax: {report['torchax']}.",
         "",
         f"![time relative to {VARIANTS[baseline(report)]}](chart.png)",
@@ -420,7 +425,12 @@ def main(argv=None) -> dict:
             continue
         inner = max(1, w.inner // 10) if args.quick else w.inner
         print(f"\n{w.name}")
-        results = report["results"][w.name] = _run_workload(w, variants, repeats, inner)
+        try:
+            results = report["results"][w.name] = _run_workload(w, variants, repeats, inner)
+        except KeyboardInterrupt:  # (a time limit: benchmarks/accelerator_check.sh) the rest is written
+            report["interrupted_at"] = w.name
+            print("interrupted: the workloads before this one are reported")
+            break
         for v, r in results.items():
             if "error" in r:
                 print(f"  {VARIANTS[v]:32s} error: {r['error']}")

@@ -14,7 +14,8 @@
 #  4. writes the results under DIR (docs/benchmarks/accelerator-gpu by default): the suite's
 #     README.md, results.json and chart.png (versions, device names, ratios, peak memory), and
 #     check.md (versions, the tests' summary, each stage's wall time).
-# Each stage has a time limit, so the whole check ends within 8 minutes. Where there is no GPU
+# Each stage has a time limit (SIGINT: the tests print their summary, the suite writes the
+# workloads it finished), so the whole check ends within 8 minutes. Where there is no GPU
 # it runs the same stages with JAX on the CPU and PyTorch CPU eager and Inductor as the
 # reference (DIR defaults to docs/benchmarks/accelerator-cpu): CI runs it so, with --quick
 # (two test files, two workloads, short repeats), so that it cannot rot.
@@ -51,7 +52,7 @@ if TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$python" -c "import torch, sys; sys.exit(not
     platform=gpu
     export JAX_PLATFORMS=cuda
     variants=cuda,cuda_inductor,strict,fused
-    workers=4
+    workers=8
 else
     platform=cpu
     export JAX_PLATFORMS=cpu
@@ -87,7 +88,7 @@ if ! "$python" -c "import expecttest" 2>/dev/null; then  # (PyTorch's OpInfo dat
     echo "expecttest is not installed: the OpInfo share is left out" | tee "$out/tests_left_out.txt"
 fi
 t0=$(elapsed)
-TORCH_JAX_OPINFO=small timeout 210 "$python" -m pytest -q -n $workers -p no:cacheprovider ${share[@]} 2>&1 | tee "$out/tests.log"
+TORCH_JAX_OPINFO=small timeout -s INT -k 20 200 "$python" -m pytest -q -n $workers -p no:cacheprovider ${share[@]} 2>&1 | tee "$out/tests.log"
 tests_rc=${PIPESTATUS[0]}
 tests_summary=$(tail -n 1 "$out/tests.log")
 t1=$(elapsed)
@@ -95,7 +96,7 @@ t1=$(elapsed)
 # 3. the benchmark suite
 bench_args=(--variants "$variants" --repeats 3 --out "$out")
 [ $quick -eq 1 ] && bench_args+=(--quick --only "add (16" "MLP")
-timeout 240 "$python" -m benchmarks "${bench_args[@]}" 2>&1 | tee "$out/benchmarks.log"
+timeout -s INT -k 20 230 "$python" -m benchmarks "${bench_args[@]}" 2>&1 | tee "$out/benchmarks.log"
 bench_rc=${PIPESTATUS[0]}
 t2=$(elapsed)
 

@@ -4,13 +4,18 @@ errors against PyTorch on the CPU."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import profile
 
+import torch_jax
 from conftest import assert_same
+from torch_jax import _compat
 
 B, H, L, S, E = 2, 3, 5, 7, 8
 
@@ -61,6 +66,14 @@ def test_matches_cpu(case):
         keep = torch.ones(L, S, dtype=torch.bool)
         keep[:, 0] = False
         cpu = _inputs()
+        if _compat.sdpa_refuses_mask_with_causal():  # NOTE [attn_mask with is_causal] (torch 2.14)
+            with pytest.raises(RuntimeError, match=re.escape(_compat.SDPA_MASK_WITH_CAUSAL)):
+                F.scaled_dot_product_attention(*cpu, attn_mask=keep, is_causal=True)
+            jax_inputs = [t.to("jax") for t in cpu]
+            for block in (contextlib.nullcontext, torch_jax.fused):  # (the mode of the run, then fused)
+                with block(), pytest.raises(RuntimeError, match=re.escape(_compat.SDPA_MASK_WITH_CAUSAL)):
+                    F.scaled_dot_product_attention(*jax_inputs, attn_mask=keep.to("jax"), is_causal=True).cpu()
+            return
         got = F.scaled_dot_product_attention(*(t.to("jax") for t in cpu), attn_mask=keep.to("jax"), is_causal=True)
         assert_same(got, F.scaled_dot_product_attention(*cpu, attn_mask=keep, is_causal=True), atol=1e-5, rtol=1e-4)
     elif case == "causal":

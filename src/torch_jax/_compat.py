@@ -32,6 +32,22 @@ is ``torch._C.Generator``) and answers ``isinstance``/``issubclass`` for PyTorch
 ``torch.Stream`` does on every version. TorchScript's ``ann is torch.Generator`` then no longer
 recognizes annotations made before torch_jax loaded (none in a user's program).
 
+NOTE [XLA options across jaxlib versions]: the CPU compiler options the device chooses
+(runtime/_xla_options) are XLA debug options, which come and go between jaxlib releases
+(jaxlib 0.11 dropped ``xla_cpu_use_fusion_emitters``, and an unknown option fails the
+compilation). Each option is tried once per process on a one-op computation, and only
+those this XLA takes are passed: on jaxlib 0.11 small computations are compiled at LLVM
+level 1 only. This one lives beside the options it filters.
+
+NOTE [int64 arange's length]: torch 2.11 to 2.13 count the elements of an int64 ``arange`` in
+int64, ``end`` truncated (``arange(2.5, dtype=torch.int64)`` has 2), torch 2.14 counts them
+in double as for every other dtype (3 elements, ``[0, 1, 2]``). The lowering counts as the
+installed torch's CPU kernel does, which is asked once.
+
+NOTE [attn_mask with is_causal]: torch 2.14's CPU attention refuses an explicit ``attn_mask``
+together with ``is_causal=True`` (its error below); 2.11 to 2.13 apply both. The device's
+attention does what the installed torch's CPU does, which is asked once on tiny tensors.
+
 NOTE [Stream.is_capturing]: torch 2.11 and 2.12 raise "Backend doesn't support stream capture
 query" from ``torch.Stream.is_capturing()`` on a Python backend's stream, 2.13 answers False.
 The device's ``torch.Stream`` answers False on every version: a jax stream never captures.
@@ -39,6 +55,7 @@ The device's ``torch.Stream`` answers False on every version: a jax stream never
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import warnings
 
@@ -131,3 +148,25 @@ def generator_metaclass_hookable() -> bool:
     """Whether ``torch.Generator``'s metaclass is a Python class the device can hook
     (NOTE [torch.Generator's metaclass])."""
     return type(torch._C.Generator) is not type
+
+
+@functools.cache
+def int64_arange_counts_in_int64() -> bool:
+    """NOTE [int64 arange's length]."""
+    return torch.arange(2.5, dtype=torch.int64).numel() == 2
+
+
+SDPA_MASK_WITH_CAUSAL = "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True"
+
+
+@functools.cache
+def sdpa_refuses_mask_with_causal() -> bool:
+    """NOTE [attn_mask with is_causal]."""
+    q = torch.zeros(1, 1, 1, 2)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.ones(1, 1, dtype=torch.bool), is_causal=True
+        )
+    except RuntimeError:
+        return True
+    return False

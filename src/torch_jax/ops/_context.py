@@ -76,6 +76,14 @@ class PaddedValue:
         return jnp.where(self.mask(), self.arr, jnp.asarray(value, self.arr.dtype))
 
 
+class PyTorchError(Exception):
+    """Carries the error PyTorch raises for a call out of the compilation step (a lowering
+    raises it for arguments PyTorch refuses where no CPU kernel can be asked)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 def pad_fill(dtype):
     """What fills a bucket past a tensor's length: NaN, or the largest value of an
     integer or bool dtype, so that a rule that read it would show."""

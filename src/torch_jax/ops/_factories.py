@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from torch_jax import _compat
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import aten, lower
@@ -23,10 +24,10 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
     n = max(0, math.ceil((end - start) / step))
     if np.issubdtype(out, np.integer):
         # the CPU's integer arange works in int64 (its accumulate type): start and step
-        # truncate toward zero, and int64 outputs even count in int64
-        # (aten/src/ATen/native/RangeFactories.cpp)
+        # truncate toward zero, and before torch 2.14 int64 outputs even count in int64
+        # (aten/src/ATen/native/RangeFactories.cpp; NOTE [int64 arange's length] in _compat)
         start_i, step_i = int(start), int(step)
-        if out == np.int64 and step_i != 0:
+        if out == np.int64 and step_i != 0 and _compat.int64_arange_counts_in_int64():
             sgn = (step_i > 0) - (step_i < 0)
             num = int(end) - start_i + step_i - sgn
             n = max(0, abs(num) // abs(step_i) * (1 if (num < 0) == (step_i < 0) else -1))

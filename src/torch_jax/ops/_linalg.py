@@ -347,6 +347,27 @@ def linalg_eigh(a, uplo="L", compute_v=True):
     return w, (v if compute_v else jnp.zeros((0,), a.dtype))
 
 
+# NOTE [Ops added in torch 2.14]: linalg_matrix_sqrth and linalg_polar exist from torch 2.14
+# (_compat.aten_op: absent from the table before). Their backward formulas are made of ops
+# lowered here already.
+
+
+@lower(_compat.aten_op("linalg_matrix_sqrth"))
+def linalg_matrix_sqrth(a):
+    """The principal square root of a symmetric (Hermitian) matrix from its lower triangle,
+    as PyTorch computes it: eigenvalues below 0 count as 0."""
+    v, w = lla.eigh(a, lower=True, symmetrize_input=False)
+    root = jnp.sqrt(jnp.maximum(w, 0)).astype(v.dtype)
+    return _mm(v * root[..., None, :], _mH(v))
+
+
+@lower(_compat.aten_op("linalg_polar"))
+def linalg_polar(a):
+    """A = U H: U = W V^H and H = V S V^H from the SVD A = W S V^H."""
+    w, s, vh = lla.svd(a, full_matrices=False)
+    return _mm(w, vh), _mm(_mH(vh) * s[..., None, :].astype(vh.dtype), vh)
+
+
 @lower(aten.linalg_eig.default)
 def linalg_eig(a):
     w, v = lla.eig(a, compute_left_eigenvectors=False)

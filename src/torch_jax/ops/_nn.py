@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from torch_jax import _compat
 from torch_jax.ops import _context
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._promote import opmath
@@ -527,6 +528,8 @@ def _attention_in_bucket(k, v, d: int, bucket: int):
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
 def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    if attn_bias is not None and is_causal and _compat.sdpa_refuses_mask_with_causal():
+        raise _context.PyTorchError(RuntimeError(_compat.SDPA_MASK_WITH_CAUSAL))
     plan = _context.current().bucket
     if plan is not None:  # NOTE [Buckets] (runtime/_buckets): keys and values in a bucket
         k, v, attn_bias = _attention_in_bucket(k, v, plan[1], plan[2])

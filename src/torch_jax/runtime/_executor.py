@@ -333,6 +333,8 @@ def run(spec: OpSpec, args):
             results = _fused.record(entry, dyn) if fused else entry.run(dyn)
         except _PyTorchError as e:
             raise e.error from None
+        except _dtypes.UnsupportedDtype:  # (a result of a dtype JAX lacks: complex32)
+            raise
         except Exception as e:  # noqa: BLE001
             error = _cpu_error(spec, args) or _freed(spec, e)
             if error is not None:
@@ -441,11 +443,7 @@ def _meta_outputs(spec: OpSpec, args):
     return [o for o, alias in zip(outs, spec.returns) if alias is None]
 
 
-class _PyTorchError(Exception):
-    """Carries the error PyTorch raises for a call out of the compilation step."""
-
-    def __init__(self, error: Exception):
-        self.error = error
+_PyTorchError = _context.PyTorchError
 
 
 _CPU_REPLAY_LIMIT = 1 << 28  # bytes of stand-in tensors we are willing to allocate

@@ -61,19 +61,24 @@ def compile_options(index: int, inputs, shapes, lowered) -> dict | None:
         return None
     sizes = [math.prod(getattr(v, "shape", ())) for v in inputs] + [math.prod(s) for s in shapes]
     if max(sizes, default=0) <= SMALL_ELEMENTS:
-        return SMALL_OPTIONS
+        return _known(SMALL_OPTIONS)
     dtypes = set(_CONVOLUTION.findall(lowered.as_text()))
-    if dtypes and dtypes <= _EIGEN_CONVOLVES and _conv_options_known():
-        return CONV_OPTIONS
+    if dtypes and dtypes <= _EIGEN_CONVOLVES:
+        return _known(CONV_OPTIONS)
     return None
 
 
+def _known(options: dict) -> dict | None:
+    """The options of ``options`` that this jaxlib's XLA takes (NOTE [XLA options across
+    jaxlib versions] in _compat), None if none."""
+    kept = {name: value for name, value in options.items() if _option_known(name, value)}
+    return kept or None
+
+
 @functools.cache
-def _conv_options_known() -> bool:
-    """Whether this jaxlib's XLA takes CONV_OPTIONS (an experimental option: a later one
-    may rename it or its values)."""
+def _option_known(name: str, value) -> bool:
     try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=CONV_OPTIONS)
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options={name: value})
     except Exception:  # (XLA's INVALID_ARGUMENT for an unknown option or value)
         return False
     return True

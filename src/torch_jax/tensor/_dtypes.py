@@ -45,9 +45,13 @@ NUMPY_CARRIER = {
 }
 
 
+class UnsupportedDtype(TypeError):
+    """A dtype the jax device has no JAX dtype for (complex32): the user's error, raised as is."""
+
+
 def unsupported(dtype: torch.dtype, op: str = "") -> TypeError:
     where = f" (in {op})" if op else ""
-    return TypeError(
+    return UnsupportedDtype(
         f"torch_jax: dtype {dtype} is not supported on the jax device{where}; "
         f"supported dtypes: {', '.join(str(d).replace('torch.', '') for d in TO_NP)}"
     )
