@@ -75,3 +75,27 @@ def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_
     text = (tmp_path / "shapes.md").read_text()
     assert "| changing-length training loop (lengths 1..10, scrambled) | jax fused eager |" in text
     assert json.loads((tmp_path / "shapes.json").read_text())["results"]
+
+
+def test_ratios_are_against_the_first_variant_and_device_peaks_get_a_table():
+    """A GPU run (benchmarks/accelerator_check.sh): PyTorch CUDA eager is the baseline, and the
+    devices' peak memory is reported where a variant measured it."""
+    from benchmarks.__main__ import markdown
+
+    report = {
+        "variants": ["cuda", "cuda_inductor", "fused"],
+        "results": {
+            "w": {
+                "cuda": {"seconds": 2e-3, "peak_mb": 10.0, "device_peak_mb": 300.0},
+                "cuda_inductor": {"error": "RuntimeError: no"},
+                "fused": {"seconds": 1e-3, "peak_mb": 20.0, "device_peak_mb": 200.0},
+            }
+        },
+    }
+    text = markdown(report)
+    assert "| w | 2.00 ms (1.00x) | error | 1.00 ms (0.50x) |" in text
+    assert "| PyTorch CUDA eager | torch.compile (Inductor, CUDA) | jax fused eager |" in text
+    assert "| w | 300 | - | 200 |" in text.split("Peak device memory")[1]
+    report["results"]["w"]["cuda"].pop("device_peak_mb")
+    report["results"]["w"]["fused"].pop("device_peak_mb")
+    assert "Peak device memory" not in markdown(report)  # (no device measured it: a CPU run)

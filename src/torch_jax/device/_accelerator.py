@@ -594,11 +594,10 @@ class _GeneratorType(_AnswersForPyTorchType, type(_CGenerator)):  # (type(_CGene
         return _CGenerator(*args, **kwargs) if made is None else made
 
 
+# ``torch.Generator`` where PyTorch's class has no Python metaclass to hook (NOTE
+# [torch.Generator's metaclass]): it makes PyTorch's generators, and answers
+# ``isinstance``/``issubclass`` for PyTorch's class.
 class Generator(_CGenerator, metaclass=_GeneratorType):
-    """``torch.Generator`` where PyTorch's class has no Python metaclass to hook
-    (NOTE [torch.Generator's metaclass]): it makes PyTorch's generators, and answers
-    ``isinstance``/``issubclass`` for PyTorch's class."""
-
     __doc__ = _CGenerator.__doc__
     __module__ = "torch"
     _pytorch_type = _CGenerator
