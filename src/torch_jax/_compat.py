@@ -48,6 +48,13 @@ NOTE [attn_mask with is_causal]: torch 2.14's CPU attention refuses an explicit 
 together with ``is_causal=True`` (its error below); 2.11 to 2.13 apply both. The device's
 attention does what the installed torch's CPU does, which is asked once on tiny tensors.
 
+NOTE [3-D attention before torch 2.13]: the Meta kernel of
+``_scaled_dot_product_fused_attention_overrideable`` in torch 2.11 and 2.12 reads four dims
+(``query.size(2)``, an IndexError for a 3-D ``(H, L, E)`` query); 2.13 takes 3-D and 4-D.
+There, 3-D attention takes ``scaled_dot_product_attention``'s composite (its math path: the
+same values, about 8 ops instead of one) instead of the device's one-op attention (NOTE
+[Attention in one op]); the installed torch's Meta kernel is asked once.
+
 NOTE [Stream.is_capturing]: torch 2.11 and 2.12 raise "Backend doesn't support stream capture
 query" from ``torch.Stream.is_capturing()`` on a Python backend's stream, 2.13 answers False.
 The device's ``torch.Stream`` answers False on every version: a jax stream never captures.
@@ -170,3 +177,14 @@ def sdpa_refuses_mask_with_causal() -> bool:
     except RuntimeError:
         return True
     return False
+
+
+@functools.cache
+def overrideable_attention_takes_3d() -> bool:
+    """NOTE [3-D attention before torch 2.13]."""
+    q = torch.empty(2, 3, 4, device="meta")
+    try:
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, q, q)
+    except (IndexError, RuntimeError):
+        return False
+    return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import SDPBackend
 
+from torch_jax import _compat
+
 aten = torch.ops.aten
 
 
@@ -93,8 +95,9 @@ def scaled_dot_product_attention(
     ``_scaled_dot_product_fused_attention_overrideable`` instead, one lowered op with its
     own backward, as PyTorch's backends for other devices do. A mask with ``is_causal``
     applies both, as PyTorch's CPU kernel does (its math path raises). The rest
-    (grouped-query heads, broadcast batches, 2-D inputs, the OVERRIDEABLE backend
-    switched off by ``sdpa_kernel``) runs the composite as before, which also raises
+    (grouped-query heads, broadcast batches, 2-D inputs, 3-D inputs on torch 2.11/2.12:
+    NOTE [3-D attention before torch 2.13], the OVERRIDEABLE backend switched off by
+    ``sdpa_kernel``) runs the composite as before, which also raises
     PyTorch's errors. Like the fused kernels of PyTorch's CPU (measured: its flash
     attention's backward) and CUDA, the op has no double backward."""
     if _overrideable_fits(query, key, value, attn_mask, dropout_p, is_causal):
@@ -113,7 +116,7 @@ def _overrideable_fits(q, k, v, mask, dropout_p, is_causal) -> bool:
     if any(t.device.type != "jax" or t.is_nested for t in tensors) or not (q.device == k.device == v.device):
         return False
     if not (q.dtype == k.dtype == v.dtype and q.is_floating_point()) or not (
-        q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)
+        q.dim() == k.dim() == v.dim() and (q.dim() == 4 or (q.dim() == 3 and _compat.overrideable_attention_takes_3d()))
     ):
         return False
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
