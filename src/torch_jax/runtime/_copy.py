@@ -220,12 +220,11 @@ def from_torch_device(src: torch.Tensor, index: int, dlpack: bool | None = None)
 def to_torch_device(t: torch.Tensor, device: torch.device, dlpack: bool | None = None) -> torch.Tensor:
     """A new tensor on ``device``, another torch device, with the values of the jax tensor
     ``t`` (NOTE [Copies with CUDA]); ``dlpack`` overrides the route (tests)."""
-    arr = logical_array(t, "copy to another device")
     if dlpack is None:
         dlpack = dlpack_route(device.type, _devices.device(_storage.box_of(t).index).platform)
     if dlpack:
         try:
-            borrowed = torch.from_dlpack(arr)
+            borrowed = torch.from_dlpack(logical_array(t, "copy to another device"))
         except (RuntimeError, TypeError, ValueError, BufferError):
             borrowed = None
         if borrowed is not None:
@@ -292,13 +291,8 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         keep = memory_format in (None, torch.preserve_format) and _storage.dense_perm(src.shape, src.stride())
         out = _storage.new_tensor(src.shape, src.dtype, index, None, src.stride() if keep else None)
         return copy_(out, src, non_blocking)
-    if target.type == "cpu":
-        out = download(self)
-        if memory_format == torch.contiguous_format:
-            out = out.contiguous()
-        return out if dtype is None or dtype == out.dtype else out.to(dtype)
-    if target.type != _storage_device_type():  # cuda, or another device of this torch
-        out = to_torch_device(self, target)
+    if target.type != _storage_device_type():  # the CPU, cuda or another device of this torch
+        out = download(self) if target.type == "cpu" else to_torch_device(self, target)
         if memory_format == torch.contiguous_format:
             out = out.contiguous()
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
