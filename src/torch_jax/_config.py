@@ -78,6 +78,14 @@ class Config:
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through
         PyTorch's BLAS] in runtime/_cpu_blas); read when a graph is compiled.
+    route_inductor: ``torch.compile`` with the default backend (Inductor) sends the graphs
+        that hold jax tensors to the ``jax`` backend (NOTE [The default torch.compile on
+        jax] in compile/_route); 0 leaves them to Inductor.
+    compilation_cache: JAX's persistent compilation cache keeps what ``torch.compile``'s
+        graphs (and the slower eager compilations) compiled, in
+        ``$TORCH_JAX_CACHE_DIR/xla`` (else ``~/.cache/torch_jax/xla``), so the next process
+        compiles nothing (NOTE [Persistent compilation cache] in compile/_cache); 0 turns it
+        off; read when the device starts.
     """
 
     fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
@@ -89,6 +97,8 @@ class Config:
     fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
     bucketing: str = dataclasses.field(default_factory=lambda: _env_str("BUCKETING", "auto", _BUCKETING))
     cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", int(_intel_cpu())) != 0)
+    route_inductor: bool = dataclasses.field(default_factory=lambda: _env_int("ROUTE_INDUCTOR", 1) != 0)
+    compilation_cache: bool = dataclasses.field(default_factory=lambda: _env_int("COMPILATION_CACHE", 1) != 0)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:
@@ -103,6 +113,18 @@ class Config:
 
 
 config = Config()
+
+
+def cache_dir():
+    """Where torch_jax keeps what it builds for later processes (a pathlib.Path):
+    ``$TORCH_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_jax`` or ``~/.cache/torch_jax``."""
+    from pathlib import Path
+
+    explicit = os.environ.get("TORCH_JAX_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_jax"
+
 
 # NOTE [GPU memory beside PyTorch]: by default JAX's GPU client preallocates 75% of each
 # GPU's memory when it starts, which would leave a program's own CUDA tensors (PyTorch's

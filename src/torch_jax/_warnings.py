@@ -13,3 +13,8 @@ class RecompileWarning(UserWarning):
 class RegistrationWarning(UserWarning):
     """torch_jax could not register the jax device, or runs beside an untested torch or
     jax (NOTE [Autoload never breaks torch] in _compat)."""
+
+
+class CompileWarning(UserWarning):
+    """About ``torch.compile`` on the jax device: the default backend's graphs on ``jax`` go
+    to the ``jax`` backend (NOTE [The default torch.compile on jax] in compile/_route)."""

@@ -77,6 +77,9 @@ def register() -> None:
         _patch_untyped_storage()
         _patches.install()
         _accelerator.install()  # torch.accelerator, Stream/Event, pinning, Generator
+        from torch_jax.compile import _route
+
+        _route.install()  # NOTE [The default torch.compile on jax]
         _registered = True
 
 
@@ -117,6 +120,9 @@ def initialize() -> None:
         from torch_jax.runtime import _install
 
         _fallback_kernel = _install.install()
+        from torch_jax.compile import _cache
+
+        _cache.enable()  # NOTE [Persistent compilation cache]
         _initialized = True
 
 

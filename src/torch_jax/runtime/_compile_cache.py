@@ -47,7 +47,7 @@ _evicted: set = set()  # hashes of evicted (container, key) pairs, for recompile
 _EVICTED_MAX = 1 << 16
 _MAPS_EVERY = 16
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_EVICTIONS = {"op": "cache_evictions", "graph": "graph_evictions"}
+_EVICTIONS = {"op": "cache_evictions", "graph": "graph_evictions", "compiled": "compiled_graph_evictions"}
 
 
 def fresh(fn):

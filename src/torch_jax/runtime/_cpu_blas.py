@@ -70,7 +70,7 @@ except ImportError:
 from jax.extend import core
 from jax.interpreters import mlir
 
-from torch_jax._config import config
+from torch_jax._config import cache_dir, config
 from torch_jax.tensor import _storage
 
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_gemm.cc"
@@ -85,19 +85,12 @@ def status() -> str:
     return _handlers.status
 
 
-def _cache_dir() -> Path:
-    explicit = os.environ.get("TORCH_JAX_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_jax"
-
-
 def build(source: Path, targets) -> ctypes.CDLL:
     """Compile an FFI source of csrc/ (once, into the cache directory), load it and
     register its handlers ``targets`` (symbol names) with XLA:CPU under those names."""
     include = jax.ffi.include_dir()
     key = hashlib.sha256(source.read_bytes() + jaxlib.__version__.encode() + include.encode()).hexdigest()[:16]
-    out = _cache_dir() / f"{source.stem}-{key}.so"
+    out = cache_dir() / f"{source.stem}-{key}.so"
     if not out.exists():
         compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
         if not compiler:

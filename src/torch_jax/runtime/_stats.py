@@ -7,6 +7,7 @@ import collections
 
 counters: collections.Counter = collections.Counter()
 fallback_ops: collections.Counter = collections.Counter()
+compile_reasons: collections.Counter = collections.Counter()  # why torch.compile's graphs compiled
 
 
 def snapshot() -> dict:
@@ -15,6 +16,7 @@ def snapshot() -> dict:
     out = {k: counters.get(k, 0) for k in ("ops", "compiles", "cache_hits", "fallbacks", "host_transfers")}
     out.update({k: v for k, v in counters.items() if k not in out})
     out["fallback_ops"] = dict(fallback_ops)
+    out["compiled_graph_reasons"] = dict(compile_reasons)
     from torch_jax.runtime import _fused
 
     out["materializations"] = dict(_fused.materializations)
@@ -29,4 +31,5 @@ def reset() -> None:
 
     counters.clear()
     fallback_ops.clear()
+    compile_reasons.clear()
     _fused.materializations.clear()

@@ -1,0 +1,518 @@
+"""One AOTAutograd graph (a forward, a backward or an inference graph) as XLA computations.
+
+NOTE [Compiled graphs]: ``torch.compile(backend="jax")`` hands each aten graph that
+AOTAutograd makes to :class:`Program`. A call builds the key of its inputs exactly as an
+eager op does (runtime/_executor's ``_describe``: shape and dtype of a tensor that is its
+whole storage, the full view of any other, the value of each int), looks up the
+computation compiled for that key, and calls it with the storages' arrays, so inputs are
+read in place and outputs come back as the device's own arrays: no copies in or out. A
+new key traces the graph once into one ``jax.jit`` computation: each node runs the
+eager executor's lowering of its op (NOTE [One lowering table] in ops/_registry), with
+its output dtypes from the node's fake value as the Meta kernel gives them in eager mode;
+views and the few graph-only ops come from compile/_rules. Each distinct set of input
+shapes compiles once (XLA specializes shapes; Dynamo's symbolic sizes arrive as ints),
+so dynamic shapes are never wrong, only compiled again per shape.
+
+NOTE [Input mutations in compiled graphs]: the backend asks AOTAutograd to keep input
+mutations in the graph (``keep_inference_input_mutations``), as Inductor does: a
+mutation that autograd does not need to see (an optimizer's parameter and state updates
+under ``no_grad``, BatchNorm's running statistics) is a ``copy_`` of the new value into
+the input at the end of the graph. Here that is one more output: the storage's new
+array, written through the input's view inside the computation (as an eager in-place
+op writes, NOTE [Strict eager]), and put into the storage box after the call, so every
+view of that storage sees it. Other mutations AOTAutograd applies itself after the call.
+
+NOTE [Random ops in compiled graphs]: a random node takes the next key of the device's
+generator at each call, in graph order, as the eager op would at that point; so
+``torch.manual_seed`` makes compiled runs repeatable, and a graph with the same random
+ops as eager code draws the same numbers.
+
+Anything the table cannot run (an op with no lowering or rule, a graph that mixes
+devices) runs the graph op by op through the eager executor instead, where the CPU
+fallback catches what is missing: that warns once per graph with the reason, is counted
+(``compiled_graphs_eager``) and is an error under ``TORCH_JAX_FALLBACK=error``.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torch_jax._config import config
+from torch_jax._warnings import FallbackWarning
+from torch_jax.compile import _cache, _rules
+from torch_jax.device import _state as _devices
+from torch_jax.ops import _context
+from torch_jax.ops._promote import cast
+from torch_jax.ops._registry import LOWERINGS
+from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _stats
+from torch_jax.tensor import _dtypes, _storage
+
+_counters = _stats.counters
+aten = torch.ops.aten
+Tensor = torch.Tensor
+_TO_NP = _dtypes.TO_NP
+
+
+class Unsupported(Exception):
+    """A graph the XLA route cannot run (its message names the op or construct)."""
+
+
+# ------------------------------------------------------------ how each node runs
+
+
+def _schema_args(op, args, kwargs) -> list:
+    """The node's arguments in schema order, defaults filled in."""
+    out = []
+    positional = iter(args)
+    n = len(args)
+    for i, a in enumerate(op._schema.arguments):
+        if not a.kwarg_only and i < n:
+            out.append(next(positional))
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        elif a.has_default_value():
+            out.append(a.default_value)
+        else:
+            out.append(None)
+    return out
+
+
+def _functional_of(op):
+    """The in-place op whose lowering computes ``op``, a functional op AOTAutograd made
+    by functionalizing an in-place one (``uniform`` from ``uniform_``), or None."""
+    packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
+    inplace = getattr(packet, op._overloadname, None) if packet is not None else None
+    spec = _executor.SPECS.get(inplace) if inplace is not None else None
+    return inplace if spec is not None and spec.inplace else None
+
+
+# factories that eager mode reaches as ``empty`` then an in-place random op
+_RANDOM_FACTORIES = {
+    aten.rand_like.default: (aten.uniform_.default, (0.0, 1.0)),
+    aten.randn_like.default: (aten.normal_.default, (0.0, 1.0)),
+    aten.rand.default: (aten.uniform_.default, (0.0, 1.0)),
+    aten.randn.default: (aten.normal_.default, (0.0, 1.0)),
+}
+
+
+def plan_node(node):
+    """How ``node`` runs: ("lower", spec, inplace), ("rule", fn), ("random", ...), or
+    raises Unsupported naming the op."""
+    op = node.target
+    if op in LOWERINGS:
+        spec = _executor.SPECS.get(op)
+        if spec is not None and not spec.writes:
+            return ("lower", spec)
+    if op in _rules.RULES:
+        return ("rule", _rules.RULES[op])
+    if op in _RANDOM_FACTORIES:
+        inplace, args = _RANDOM_FACTORIES[op]
+        return ("random_factory", _executor.SPECS[inplace], args)
+    inplace = _functional_of(op) if isinstance(op, torch._ops.OpOverload) else None
+    if inplace is not None:
+        return ("functional", _executor.SPECS[inplace])
+    per_op = _per_tensor(op)
+    if per_op is not None:
+        return ("foreach", _executor.SPECS[per_op])
+    raise Unsupported(f"{op} has no JAX lowering")
+
+
+# a foreach overload -> the overloads of the per-tensor op that take one element's arguments
+_PER_TENSOR_OVERLOADS = {
+    "List": ("Tensor",),
+    "Tensor": ("Tensor",),
+    "Scalar": ("Scalar", "Tensor"),
+    "ScalarList": ("Scalar", "Tensor"),
+    "ScalarAndTensor": ("Scalar",),
+    "default": ("default",),
+}
+
+
+def _per_tensor(op):
+    """The lowered per-tensor op of a functional foreach op that the table lacks
+    (``_foreach_pow.ScalarAndTensor`` -> ``pow.Scalar``): PyTorch's CPU runs every foreach
+    op as that loop (NOTE [Foreach ops] in ops/_foreach)."""
+    name = op._schema.name.split("::")[1]
+    if not name.startswith("_foreach_") or name.endswith("_"):
+        return None
+    packet = getattr(aten, name[len("_foreach_") :], None)
+    for overload in _PER_TENSOR_OVERLOADS.get(op._overloadname, ()):
+        per_op = getattr(packet, overload, None) if packet is not None else None
+        spec = _executor.SPECS.get(per_op) if per_op is not None else None
+        if spec is not None and per_op in LOWERINGS and not spec.writes:
+            return per_op
+    return None
+
+
+def _value_dtypes(val) -> list:
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return [None if not isinstance(v, Tensor) else _TO_NP[v.dtype] for v in vals]
+
+
+def _fit(r, val, op):
+    """A lowering's result as the node's fake value says: its dtype, and a value for
+    every element broadcast to its shape."""
+    if r is None or not isinstance(val, Tensor):
+        return r
+    r = cast(jnp.asarray(r), _TO_NP[val.dtype])
+    shape = val.shape
+    if all(isinstance(s, int) for s in shape) and tuple(r.shape) != tuple(shape):
+        if r.size != 1:
+            raise RuntimeError(
+                f"torch_jax internal error: the lowering of {op} returned shape {tuple(r.shape)}, "
+                f"PyTorch expects {tuple(shape)}"
+            )
+        r = jnp.broadcast_to(r, tuple(shape))
+    return r
+
+
+def _call_lowering(spec, vals, node, index: int, checks: list, rng=None, dtypes=None, contiguous=None):
+    ctx = _context.TraceContext(
+        spec.op, dtypes if dtypes is not None else _value_dtypes(node.meta.get("val")), index, checks=checks
+    )
+    ctx.contiguous = contiguous or {}
+    ctx.rng = rng
+    with _context.tracing(ctx):
+        result = spec.lowering.fn(*vals)
+    return result
+
+
+# ------------------------------------------------------------ the program
+
+
+class _Entry:
+    """One computation of a program, for one input key."""
+
+    __slots__ = ("fn", "outs", "writes", "checks", "used", "cost")
+
+
+class Program:
+    """A graph from AOTAutograd, called with its inputs as one list (AOTAutograd's boxed
+    calling convention, which lets go of the inputs early) or as arguments (the backward,
+    which AOTAutograd calls through a wrapper)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, name: str):
+        self._boxed_call = True  # (an attribute of the object: Dynamo's wrapper of the backward copies its __dict__)
+        self.gm = gm
+        self.name = name
+        self.graph = gm.graph
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.output = next(n for n in self.nodes if n.op == "output")
+        self.constants = [n for n in self.nodes if n.op == "get_attr"]
+        self.entries: dict = {}
+        self.eager = None  # the reason this graph runs op by op, once known
+        self.mutated = {}  # placeholder position -> the copy_ node writing it
+        position = {n: i for i, n in enumerate(self.placeholders)}
+        self.plans = {}
+        self.random = []
+        try:
+            for n in self.nodes:
+                if n.op != "call_function":
+                    continue
+                if n.target is aten.copy_.default and n.args[0] in position:
+                    self.mutated[position[n.args[0]]] = n
+                    continue
+                if not isinstance(n.target, torch._ops.OpOverload):
+                    continue  # (operator.getitem, SymInt arithmetic)
+                if n.target in _SIZE_OPS:
+                    continue
+                plan = plan_node(n)
+                self.plans[n] = plan
+                if plan[0] != "rule" and plan[1].random:
+                    self.random.append(n)
+        except Unsupported as e:
+            self._go_eager(str(e))
+
+    def _go_eager(self, reason: str) -> None:
+        self.eager = reason
+        _counters["compiled_graphs_eager"] += 1
+        message = (
+            f"torch_jax: torch.compile's graph {self.name} runs op by op on the device, not as one XLA "
+            f"computation: {reason}"
+        )
+        if config.fallback == "error":
+            raise NotImplementedError(message + " (TORCH_JAX_FALLBACK=error)")
+        if config.fallback == "warn":
+            warnings.warn(message, FallbackWarning, stacklevel=3)
+
+    # -------------------------------------------------------- calls
+
+    def __call__(self, *args):
+        if len(args) == 1 and args[0].__class__ is list:  # (boxed: the list is ours to empty)
+            boxed = args[0]
+            args = list(boxed)
+            boxed.clear()
+        else:
+            args = list(args)
+        if self.eager is not None:
+            return self._run_eager(args)
+        if _fused.pending:
+            _fused.flush_all("torch.compile graph")
+        inputs = args + [getattr(self.gm, n.target) for n in self.constants]
+        key, dyn, index, starts = [], [], -1, []
+        try:
+            for pos, a in enumerate(inputs):
+                starts.append(len(dyn))
+                if isinstance(a, Tensor):
+                    desc, index = _executor._describe(a, dyn, index, read_only=pos not in self.mutated)
+                    key.append(desc)
+                elif isinstance(a, (bool, int)) or a is None:
+                    key.append(("i", a))
+                elif isinstance(a, float):
+                    key.append(("f",))
+                    dyn.append(a)
+                else:
+                    raise Unsupported(f"an input of type {type(a).__name__}")
+        except RuntimeError as e:
+            if "Expected all tensors to be on the same device" not in str(e):
+                raise
+            self._go_eager(f"its inputs are on more than one device ({e})")
+            return self._run_eager(args)
+        except Unsupported as e:
+            self._go_eager(str(e))
+            return self._run_eager(args)
+        if index < 0:
+            index = _devices.current()
+        key.append(index)
+        key = tuple(key)
+        for _ in self.random:
+            dyn.append(_devices.next_key(index))
+        entry = self.entries.get(key)
+        if entry is None:
+            try:
+                entry = self._compile(key, inputs, dyn, starts, index)
+            except Unsupported as e:
+                self._go_eager(str(e))
+                return self._run_eager(args)
+        else:
+            entry.used = True
+            _counters["compiled_graph_hits"] += 1
+        results = entry.fn(*dyn)
+        _counters["compiled_graph_calls"] += 1
+        _devices.last[index] = results
+        if config.launch_blocking:
+            jax.block_until_ready(results)
+        it = iter(results)
+        outs = []
+        for kind, value in entry.outs:
+            if kind == "tensor":
+                outs.append(value.tensor(next(it)))
+            elif kind == "input":
+                outs.append(args[value])
+            else:
+                outs.append(value)
+        for pos in entry.writes:
+            target = inputs[pos]
+            if target.is_cpu:  # (a CPU scalar, an optimizer's step count: read back, waiting for the graph)
+                _counters["host_transfers"] += 1
+                target.copy_(torch.from_numpy(np.asarray(next(it))))
+            else:
+                _storage.replace(_storage.box_of(target), next(it))
+        if entry.checks:
+            _fused._deferred.append((entry.checks, next(it)))
+            if config.launch_blocking:
+                _fused.check_deferred()
+        return outs
+
+    def _run_eager(self, args):
+        _counters["compiled_graph_eager_calls"] += 1
+        with torch.fx.traceback.preserve_node_meta():
+            return list(self.gm(*args))
+
+    # -------------------------------------------------------- compilation
+
+    def _compile(self, key, inputs, dyn, starts, index: int) -> _Entry:
+        start = time.perf_counter()
+        before = _compile_cache.allocated()
+        reason = self._reason(key)
+        _stats.compile_reasons[reason] += 1
+        if config.debug >= 1:
+            print(f"[torch_jax] compiling torch.compile graph {self.name} ({len(self.nodes)} nodes): {reason}")
+        descs = key[: len(inputs)]
+        found = {}
+
+        def traced(*dyn):
+            outs, writes, flags, layouts = self._trace(descs, inputs, dyn, starts, index)
+            found["layouts"], found["writes"] = layouts, writes
+            found["checks"] = [(exc, msg) for _, _, exc, msg in flags]
+            tail = [jnp.stack([jnp.stack([f.astype(jnp.int64), v]) for f, v, _, _ in flags])] if flags else []
+            return tuple(outs) + tuple(w for _, w in writes) + tuple(tail)
+
+        jitted = jax.jit(_compile_cache.fresh(traced), out_shardings=_devices.sharding(index))
+        with _cpu_blas.in_graph():
+            lowered = jitted.lower(*dyn)
+        loads = _cache.hits()
+        with _cache.keep():  # NOTE [Persistent compilation cache]
+            compiled = lowered.compile()
+        del lowered, jitted
+        loaded = _cache.hits() > loads
+        entry = _Entry()
+        entry.fn = _executor.cpp_call(compiled)
+        entry.outs = found["layouts"]
+        entry.writes = [pos for pos, _ in found["writes"]]
+        entry.checks = found["checks"]
+        entry.used = True
+        entry.cost = _compile_cache.allocated() - before
+        _compile_cache.admit(self.entries, key, entry, "compiled")
+        seconds = time.perf_counter() - start
+        _counters["compiled_graph_loads" if loaded else "compiled_graph_compiles"] += 1
+        _counters["compiled_graph_compile_ms"] += int(seconds * 1000)
+        if config.debug >= 1:
+            how = "loaded from the persistent cache" if loaded else "compiled"
+            print(f"[torch_jax] {self.name} {how} in {seconds:.2f} s")
+        return entry
+
+    def _reason(self, key) -> str:
+        if not self.entries:
+            return "new graph"
+        # the input whose description differs from the closest compiled key
+        best = None
+        for other in self.entries:
+            diff = [i for i, (a, b) in enumerate(zip(key, other)) if a != b]
+            if best is None or len(diff) < len(best):
+                best = diff
+        if not best:
+            return "recompiled after eviction"
+        i = best[0]
+        if i < len(self.placeholders):
+            return f"new input shapes or layout ({self.placeholders[i].name})"
+        return "new input"
+
+    def _trace(self, descs, inputs, dyn, starts, index: int):
+        """The graph as JAX values: (outputs, [(input position, storage array)], checks,
+        how each output becomes a tensor)."""
+        it = _executor._Counting(dyn)
+        env = {}
+        position = {}
+        for pos, (n, desc, a) in enumerate(zip(self.placeholders + self.constants, descs, inputs)):
+            position[n] = pos
+            if isinstance(a, Tensor):
+                env[n] = _executor._read(desc, it)
+            elif isinstance(a, float):
+                env[n] = next(it)
+            else:
+                env[n] = a
+        keys = {n: next(it) for n in self.random}
+        checks: list = []
+        new_values = {}
+
+        def value(x):
+            if isinstance(x, torch.fx.Node):
+                return env[x]
+            if isinstance(x, (list, tuple)):
+                return type(x)(value(y) for y in x)
+            return x
+
+        for n in self.nodes:
+            if n.op != "call_function":
+                continue
+            op = n.target
+            args, kwargs = value(n.args), value(n.kwargs)
+            if op is aten.copy_.default and n.args[0] in position and position[n.args[0]] in self.mutated:
+                dst = n.args[0].meta["val"]
+                src = jnp.broadcast_to(cast(jnp.asarray(args[1]), _TO_NP[dst.dtype]), tuple(args[0].shape))
+                new_values[position[n.args[0]]] = src
+                env[n] = src
+            elif not isinstance(op, torch._ops.OpOverload):
+                env[n] = op(*args, **kwargs)
+            elif op in _SIZE_OPS:
+                env[n] = _SIZE_OPS[op](*args)
+            else:
+                env[n] = self._node(n, args, kwargs, index, checks, keys.get(n))
+        outs, layouts = [], []
+        for r in self.output.args[0]:
+            if isinstance(r, torch.fx.Node) and r in position and position[r] < len(self.placeholders):
+                layouts.append(("input", position[r]))
+            elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), Tensor):
+                arr = env[r]
+                val = r.meta["val"]
+                shape = tuple(arr.shape)
+                stride = [int(s) for s in val.stride()] if _rules.numel(shape) and _static(val) else None
+                perm, stride = _executor._layout(shape, stride if stride is not None else _contiguous(shape))
+                outs.append(arr if perm is None else jnp.transpose(arr, perm))
+                layouts.append(("tensor", _storage.template(shape, stride, val.dtype, index)))
+            else:
+                layouts.append(("value", _concrete(value(r))))
+        writes = []
+        for pos in sorted(new_values):
+            desc = descs[pos]
+            base = dyn[starts[pos]] if _executor._has_array(desc) else None
+            writes.append(
+                (pos, _executor._write(base, desc, new_values[pos], _executor._offset(desc, dyn, starts[pos])))
+            )
+        return outs, writes, checks, layouts
+
+    def _node(self, n, args, kwargs, index: int, checks: list, rng):
+        op = n.target
+        plan = self.plans[n]
+        val = n.meta.get("val")
+        kind = plan[0]
+        if kind == "rule":
+            return plan[1](val, *_schema_args(op, args, kwargs))
+        if kind == "random_factory":
+            spec, (a, b) = plan[1], plan[2]
+            zeros = jnp.zeros(tuple(_concrete(val.shape)), _TO_NP[val.dtype])
+            vals = _schema_args(spec.op, (zeros, a, b), {})
+            return _fit(_call_lowering(spec, vals, n, index, checks, rng, dtypes=[_TO_NP[val.dtype]]), val, op)
+        spec = plan[1]
+        vals = _schema_args(op, args, kwargs)
+        contiguous = {}
+        for pos, a in enumerate(n.args):
+            if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), Tensor):
+                fake = a.meta["val"]
+                contiguous[pos] = bool(fake.is_contiguous()) if _static(fake) else True
+        if kind == "foreach":  # one element at a time: lists give their i-th item
+            count = len(val)
+            out = []
+            for i in range(count):
+                each = [a[i] if isinstance(a, (list, tuple)) else a for a in vals]
+                r = _call_lowering(spec, each, n, index, checks, rng, dtypes=[_TO_NP[val[i].dtype]])
+                out.append(_fit(r[0] if isinstance(r, (list, tuple)) else r, val[i], op))
+            return out
+        if kind == "functional":
+            self_val = vals[0]
+            dtypes = [self_val.dtype]
+            result = _call_lowering(spec, vals, n, index, checks, rng, dtypes=dtypes, contiguous=contiguous)
+            result = result[0] if isinstance(result, (list, tuple)) else result
+            return _fit(result, val, op)
+        result = _call_lowering(spec, vals, n, index, checks, rng, contiguous=contiguous)
+        if isinstance(val, (list, tuple)):
+            results = list(result) if isinstance(result, (list, tuple)) else [result]
+            return [_fit(r, v, op) for r, v in zip(results, val)]
+        if isinstance(result, (list, tuple)):
+            result = result[0]
+        return _fit(result, val, op)
+
+
+def _static(val) -> bool:
+    return all(isinstance(s, int) for s in val.shape) and all(isinstance(s, int) for s in val.stride())
+
+
+def _contiguous(shape):
+    return _storage.contiguous_strides(shape)
+
+
+def _concrete(v):
+    if isinstance(v, torch.SymInt):
+        raise Unsupported("a symbolic size the graph returns")
+    if isinstance(v, (list, tuple, torch.Size)):
+        return type(v)(_concrete(x) for x in v) if not isinstance(v, torch.Size) else tuple(_concrete(x) for x in v)
+    return v
+
+
+_SIZE_OPS = {
+    aten.sym_size.int: lambda x, d: x.shape[d],
+    aten.sym_stride.int: lambda x, d: _contiguous(x.shape)[d],
+    aten.sym_numel.default: lambda x: int(np.prod(x.shape)),
+    aten.sym_storage_offset.default: lambda x: 0,
+}
+
+_ = operator  # (SymInt arithmetic nodes call operator's functions)
