@@ -15,7 +15,12 @@ def _autoload() -> None:
     ``import torch`` runs this entry point while torch_jax is still half-imported."""
 
 
-from torch_jax._warnings import FallbackWarning, RecompileWarning, RegistrationWarning  # noqa: E402
+from torch_jax._warnings import (  # noqa: E402
+    CompileWarning,
+    FallbackWarning,
+    RecompileWarning,
+    RegistrationWarning,
+)
 
 __version__ = "0.1.0"
 
@@ -76,6 +81,7 @@ def mark_step() -> None:
 
 
 __all__ = [
+    "CompileWarning",
     "Config",
     "FallbackWarning",
     "RecompileWarning",

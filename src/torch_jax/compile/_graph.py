@@ -102,10 +102,22 @@ _RANDOM_FACTORIES = {
 }
 
 
+# ops that reach a PrivateUse1 device's kernel as another op in eager mode: the graph's
+# op -> (the op eager mode lowers, its arguments from the graph op's)
+_EAGER_AS = {
+    aten.convolution.default: (aten.convolution_overrideable.default, lambda a: a),
+    aten.convolution_backward.default: (aten.convolution_backward_overrideable.default, lambda a: a[:3] + a[4:]),
+}
+
+
 def plan_node(node):
-    """How ``node`` runs: ("lower", spec, inplace), ("rule", fn), ("random", ...), or
+    """How ``node`` runs: ("lower", spec), ("rule", fn), ("as", spec, arguments),
+    ("random_factory", spec, arguments), ("functional", spec), ("foreach", spec), or
     raises Unsupported naming the op."""
     op = node.target
+    if op in _EAGER_AS:
+        other, arrange = _EAGER_AS[op]
+        return ("as", _executor.SPECS[other], arrange)
     if op in LOWERINGS:
         spec = _executor.SPECS.get(op)
         if spec is not None and not spec.writes:
@@ -464,6 +476,8 @@ class Program:
             return _fit(_call_lowering(spec, vals, n, index, checks, rng, dtypes=[_TO_NP[val.dtype]]), val, op)
         spec = plan[1]
         vals = _schema_args(op, args, kwargs)
+        if kind == "as":
+            vals = plan[2](vals)
         contiguous = {}
         for pos, a in enumerate(n.args):
             if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), Tensor):

@@ -14,6 +14,13 @@ leaves every graph to Inductor.
 
 Installed when the device registers, without importing Dynamo or Inductor (NOTE [Cheap
 autoload] in device/_registration).
+
+NOTE [Dynamo skips the runtime]: while a compiled function runs, Dynamo's frame hook sees
+every Python frame it calls, and it traces any code outside its skip list: the eager
+part of a function after a graph break (a ``.item()``) calls the device's kernels, which
+are Python, and Dynamo would try to compile torch_jax's runtime and JAX itself (and fail
+inside JAX's internals). So when Dynamo's ``trace_rules`` is imported, torch_jax, jax and
+jaxlib join its skip list, as torch's own files are.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ _told = False
 
 
 def install() -> None:
+    from torch_jax.device import _patches
+
+    _patches.on_import("torch._dynamo.trace_rules", _skip_runtime)  # NOTE [Dynamo skips the runtime]
     wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
     if wrapper is None or getattr(wrapper.__call__, "_torch_jax", False):
         return
@@ -45,6 +55,11 @@ def install() -> None:
     __call__._torch_jax = True
     __call__.__doc__ = inductor.__doc__
     wrapper.__call__ = __call__
+
+
+def _skip_runtime(trace_rules) -> None:
+    for package in ("torch_jax", "jax", "jaxlib"):
+        trace_rules.add(package)
 
 
 def on_device(gm, inputs) -> bool:

@@ -99,7 +99,7 @@ def _is_jax(t) -> bool:
     return t is not None and t.device.type == NAME
 
 
-def _on_import(name: str, patch) -> None:
+def on_import(name: str, patch) -> None:
     """Runs ``patch(module)`` on module ``name`` once it is imported (at once if it is)."""
     if name in sys.modules:
         patch(sys.modules[name])
@@ -135,7 +135,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 # own ``reset_kernels`` does), as kernelizing with no kernel found does on other devices.
 # transformers is patched when it imports the module, or at once if it already has.
 def _patch_hub_kernels() -> None:
-    _on_import("transformers.integrations.hub_kernels", _wrap_kernelize)
+    on_import("transformers.integrations.hub_kernels", _wrap_kernelize)
 
 
 def _wrap_kernelize(hub_kernels) -> None:
@@ -184,7 +184,7 @@ def _names_jax(device) -> bool:
 # chose a jax device and transformers the CPU without being asked to (``use_cpu``,
 # ``ACCELERATE_USE_CPU``), the arguments take accelerate's device, as they take CUDA's.
 def _patch_training_args() -> None:
-    _on_import("transformers.training_args", _wrap_setup_devices)
+    on_import("transformers.training_args", _wrap_setup_devices)
 
 
 def _wrap_setup_devices(training_args) -> None:

@@ -1,0 +1,315 @@
+"""torch.compile on jax: the "jax" backend and the default backend routed to it, against
+the same code on the CPU (eager) and in eager mode on jax (NOTE [Compiled graphs])."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from conftest import assert_same, config_as
+
+import torch_jax
+import _models
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _stat(name):
+    return torch_jax.stats().get(name, 0)
+
+
+def test_backend_is_registered():
+    assert "jax" in torch._dynamo.list_backends()
+
+
+def test_mlp_forward_and_backward_match_cpu_and_compile_once():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    dev = copy.deepcopy(cpu).to("jax")
+    compiled = torch.compile(dev, backend="jax")
+    x = torch.randn(5, 8)
+    out = compiled(x.to("jax"))
+    out.square().sum().backward()
+    expected = cpu(x)
+    expected.square().sum().backward()
+    assert_same(out.detach(), expected.detach(), atol=1e-5, rtol=1e-5)
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-5)
+    ops = _stat("ops")
+    dev(x.to("jax")).sum().backward()
+    eager_ops = _stat("ops") - ops
+    compiles, ops, calls = _stat("compiled_graph_compiles"), _stat("ops"), _stat("compiled_graph_calls")
+    for _ in range(3):
+        compiled(x.to("jax")).sum().backward()
+    assert _stat("compiled_graph_compiles") == compiles  # (the forward and backward compiled once)
+    assert _stat("compiled_graph_calls") - calls == 6
+    # (the model's ops run in the graphs: what is left is the upload, the sum and the gradients' accumulation)
+    assert _stat("ops") - ops <= 3 * (eager_ops - 8)
+
+
+def test_in_place_updates_of_inputs_land_in_the_callers_tensors():
+    def f(x, buf, rows):
+        buf.add_(x)  # a whole tensor
+        rows[1].mul_(2)  # through a view of another input
+        return (buf * 3).sum()
+
+    def run(device):
+        x = torch.arange(6.0).reshape(2, 3).to(device)
+        buf = torch.ones(2, 3, device=device)
+        base = torch.arange(12.0, device=device)
+        rows = base.view(3, 4)
+        fn = torch.compile(f, backend="jax") if device == "jax" else f
+        s = fn(x, buf, rows)
+        return s, buf, base
+
+    for got, expected in zip(run("jax"), run("cpu")):
+        assert_same(got, expected)
+
+
+def test_batch_norm_running_statistics_update_as_on_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    dev = copy.deepcopy(cpu).to("jax")
+    compiled = torch.compile(dev, backend="jax")
+    for seed in range(2):
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+        compiled(x.to("jax")).sum().backward()
+        cpu(x).sum().backward()
+    bn, bn_dev = cpu[1], dev[1]
+    assert_same(bn_dev.running_mean, bn.running_mean, atol=1e-5, rtol=1e-5)
+    assert_same(bn_dev.running_var, bn.running_var, atol=1e-5, rtol=1e-5)
+    assert bn_dev.num_batches_tracked.item() == 2
+    torch.testing.assert_close(dev[0].weight.grad.cpu(), cpu[0].weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_outputs_that_are_views_of_inputs_alias_them():
+    def f(x):
+        return x.t(), x[1:], x * 2
+
+    x = torch.arange(6.0).reshape(2, 3).to("jax")
+    t, tail, doubled = torch.compile(f, backend="jax")(x)
+    assert t.shape == (3, 2) and t.stride() == (1, 3)
+    t[0, 1] = 100.0  # x[1, 0]
+    tail[0, 2] = -1.0  # x[1, 2]
+    assert x.cpu().tolist() == [[0.0, 1.0, 2.0], [100.0, 4.0, -1.0]]
+    assert doubled.cpu().tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+
+
+def test_views_inside_the_graph():
+    def f(x, y):
+        a = x.view(4, 6).t().contiguous().view(-1)[::5]
+        b = x.permute(2, 0, 1).expand(2, 4, 2, 3).sum(0)
+        c = torch.stack(y.unbind(1), 0).narrow(1, 1, 2).unsqueeze(0).squeeze()
+        d, e = x.split([1, 2], dim=1)
+        return a, b, c, d.select(1, 0), e.diagonal(0, 1, 2), x.unfold(2, 2, 1), torch.view_as_real(y.to(torch.cfloat))
+
+    x = torch.randn(2, 3, 4)
+    y = torch.randn(3, 5)
+    got = torch.compile(f, backend="jax")(x.to("jax"), y.to("jax"))
+    expected = f(x, y)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e)
+
+
+def test_dropout_draws_from_the_device_generator():
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    compiled = torch.compile(f, backend="jax")
+    x = torch.ones(64, 64, device="jax")
+    torch.manual_seed(7)
+    a = compiled(x)
+    b = compiled(x)
+    torch.manual_seed(7)
+    c = compiled(x)
+    torch.manual_seed(7)
+    eager = f(x)
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert torch.equal(a.cpu(), c.cpu())
+    assert torch.equal(a.cpu(), eager.cpu())  # (the same random ops in the same order as eager code)
+    kept = (a.cpu() >= 1).float().mean().item()  # (dropout keeps 2 + u, drops to u < 1)
+    assert 0.45 < kept < 0.55
+
+
+def test_graph_breaks_run_the_rest_on_the_device():
+    def f(x):
+        y = x.sin() * 2
+        if y.sum().item() > 0:  # (a graph break: a value the host reads)
+            y = y + 1
+        print("", end="")  # (another)
+        return y.cos()
+
+    x = torch.randn(4, 5)
+    got = torch.compile(f, backend="jax")(x.to("jax"))
+    assert_same(got, f(x), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_changing_shapes_are_never_wrong(dynamic):
+    def f(x, n: int):
+        return (x[:, :n].softmax(-1) * x.shape[0]).sum(0)
+
+    compiled = torch.compile(f, backend="jax", dynamic=dynamic)
+    for rows, cols, n in [(2, 5, 3), (3, 7, 4), (4, 9, 5), (3, 7, 4), (5, 6, 2)]:
+        x = torch.randn(rows, cols)
+        assert_same(compiled(x.to("jax"), n), f(x, n), atol=1e-6, rtol=1e-6)
+    reasons = torch_jax.stats()["compiled_graph_reasons"]
+    assert reasons.get("new graph", 0) >= 1
+
+
+def test_default_torch_compile_routes_graphs_on_jax(monkeypatch):
+    torch_jax.compile._route._told = False
+    m = torch.nn.Linear(4, 3).to("jax")
+    x = torch.randn(2, 4, device="jax")
+    calls = _stat("compiled_graph_calls")
+    with pytest.warns(torch_jax.CompileWarning, match="TORCH_JAX_ROUTE_INDUCTOR=0"):
+        out = torch.compile(m, mode="max-autotune")(x)
+    assert _stat("compiled_graph_calls") > calls
+    torch.testing.assert_close(out.cpu(), m(x).cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_jax.CompileWarning)  # (said once)
+        torch._dynamo.reset()
+        torch.compile(m)(x)
+
+
+def test_routing_turned_off_leaves_graphs_to_inductor(monkeypatch):
+    import torch_jax.compile as tjc
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("routed")
+
+    monkeypatch.setattr(tjc, "backend", refuse)
+    m = torch.nn.Linear(4, 3).to("jax")
+    with config_as(route_inductor=False):
+        with pytest.raises(Exception) as info:
+            torch.compile(m)(torch.randn(2, 4, device="jax"))
+    assert "routed" not in str(info.value)
+    cpu = torch.nn.Linear(4, 3)  # (and graphs on the CPU keep Inductor whatever the setting)
+    assert torch.compile(cpu)(torch.ones(1, 4)).shape == (1, 3)
+
+
+def test_training_steps_with_a_compiled_optimizer_step_match_cpu():
+    """The model's forward and backward compiled whole (fullgraph=True), and AdamW's step
+    compiled as PyTorch's compiled-optimizer recipe does it (``Optimizer.step`` breaks the
+    graph on purpose around its update, on every device, so the update is one graph)."""
+    torch.manual_seed(0)
+    cpu = _models.Block()
+    dev = copy.deepcopy(cpu).to("jax")
+    opt = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    model = torch.compile(dev, backend="jax", fullgraph=True)
+
+    @torch.compile(backend="jax")
+    def step():
+        opt_dev.step()
+
+    idx = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    for _ in range(4):
+        loss = torch.nn.functional.cross_entropy(cpu(idx).flatten(0, 1), idx.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss_dev = torch.nn.functional.cross_entropy(model(idx.to("jax")).flatten(0, 1), idx.to("jax").flatten())
+        loss_dev.backward()
+        step()
+        opt_dev.zero_grad()
+        torch.testing.assert_close(loss_dev.item(), loss.item(), atol=1e-5, rtol=1e-5)
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_an_op_without_lowering_runs_the_graph_op_by_op(allow_fallback):
+    """A graph with an op the table cannot run still works (op by op, through the CPU
+    fallback where needed), warns, and is an error under TORCH_JAX_FALLBACK=error."""
+
+    def f(x):
+        return torch.linalg.ldl_factor(x @ x.mT + 4 * torch.eye(4, device=x.device))[0] + 1
+
+    x = torch.randn(4, 4)
+    with config_as(fallback="warn"), pytest.warns(torch_jax.FallbackWarning, match="linalg_ldl_factor_ex"):
+        got = torch.compile(f, backend="jax")(x.to("jax"))
+    torch.testing.assert_close(got.cpu(), f(x), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    with config_as(fallback="error"), pytest.raises(Exception, match="linalg_ldl_factor_ex"):
+        torch.compile(f, backend="jax")(x.to("jax"))
+
+
+def test_a_second_process_loads_the_compiled_graphs(tmp_path):
+    """NOTE [Persistent compilation cache]: the same program in a new process compiles
+    nothing."""
+    script = textwrap.dedent(
+        """
+        import json, torch, torch_jax
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to("jax")
+        torch.compile(m, backend="jax")(torch.ones(4, 8, device="jax")).sum().backward()
+        s = torch_jax.stats()
+        print(json.dumps([s.get("compiled_graph_compiles", 0), s.get("compiled_graph_loads", 0)]))
+        """
+    )
+    env = dict(os.environ, TORCH_JAX_CACHE_DIR=str(tmp_path), TORCH_JAX_COMPILATION_CACHE="1")
+    runs = [
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    first, second = (eval(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert first == [2, 0], runs[0].stderr[-2000:]
+    assert second == [0, 2], runs[1].stderr[-2000:]
+    assert any((tmp_path / "xla").iterdir())
+
+
+# ---------------------------------------------------------------- Hugging Face models
+
+from test_hf_models import MODELS, _batch, _pair  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hf_models_compiled_match_cpu(name):
+    """Forward outputs and every gradient of a compiled training step, and the loss after
+    three compiled AdamW steps, against the same model on the CPU (eager)."""
+    cpu, dev = _pair(name)
+    cpu.train(), dev.train()
+    model = torch.compile(dev, backend="jax")
+    out = model(**_batch(name, "jax"))
+    expected = cpu(**_batch(name, "cpu"))
+    torch.testing.assert_close(out.logits.detach().cpu(), expected.logits.detach(), rtol=1e-4, atol=1e-4)
+    out.loss.backward()
+    expected.loss.backward()
+    for (pname, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert (p.grad is None) == (q.grad is None), pname
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=pname)
+    opt, opt_dev = torch.optim.AdamW(cpu.parameters(), lr=1e-3), torch.optim.AdamW(dev.parameters(), lr=1e-3)
+    step = torch.compile(opt_dev.step, backend="jax")
+    losses, losses_dev = [], []
+    for _ in range(3):
+        opt.step(), step()
+        opt.zero_grad(), opt_dev.zero_grad()
+        loss, loss_dev = cpu(**_batch(name, "cpu")).loss, model(**_batch(name, "jax")).loss
+        loss.backward(), loss_dev.backward()
+        losses.append(loss.item()), losses_dev.append(loss_dev.item())
+    torch.testing.assert_close(torch.tensor(losses_dev), torch.tensor(losses), rtol=2e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_greedy_generate_with_a_compiled_forward_is_identical_to_cpu(name):
+    cpu, dev = _pair(name)
+    cpu.eval(), dev.eval()
+    dev.forward = torch.compile(dev.forward, backend="jax")
+    prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = cpu.generate(prompt, **kw)
+    calls = _stat("compiled_graph_calls")
+    got = dev.generate(prompt.to("jax"), **kw)
+    assert torch.equal(got.cpu(), expected)
+    assert _stat("compiled_graph_calls") - calls >= 6
