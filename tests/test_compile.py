@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_same, config_as
 
-import torch_jax
 import _models
+import torch_jax
+from conftest import assert_same, config_as
 
 
 @pytest.fixture(autouse=True)
@@ -313,3 +313,84 @@ def test_greedy_generate_with_a_compiled_forward_is_identical_to_cpu(name):
     got = dev.generate(prompt.to("jax"), **kw)
     assert torch.equal(got.cpu(), expected)
     assert _stat("compiled_graph_calls") - calls >= 6
+
+
+# ---------------------------------------------------------------- OpInfo through torch.compile
+
+import zlib  # noqa: E402
+
+from torch_jax.report import _sweep  # noqa: E402
+
+OPINFO_SHARE = 4  # one OpInfo in OPINFO_SHARE, fixed by a hash of its name (README: why)
+
+
+def _compiled_opinfos():
+    return [
+        pytest.param(op, id=_sweep.name_of(op))
+        for op in _sweep.opinfos()
+        if _sweep.supported(op, torch.float32) and zlib.crc32(_sweep.name_of(op).encode()) % OPINFO_SHARE == 0
+    ]
+
+
+@pytest.mark.parametrize("op", _compiled_opinfos())
+def test_opinfo_compiled(op, allow_fallback):
+    """The OpInfo's first float32 sample through torch.compile(backend="jax") against the
+    CPU, its in-place variant too (the input's new value), with the sweep's comparison
+    (tolerances, tie-breaking, random ops by shape and dtype)."""
+    name = _sweep.name_of(op)
+    if name in _sweep.EXCLUDED:
+        pytest.skip(_sweep.EXCLUDED[name])
+    torch.manual_seed(0)
+    sample = next(iter(op.sample_inputs("jax", torch.float32, requires_grad=False)), None)
+    if sample is None:
+        pytest.skip("no float32 sample")
+    random = name in _sweep.RANDOM or _sweep.random_sample(name, sample)
+    tol = _sweep.TOLERANCE.get((name, torch.float32))
+    c_input, c_args, c_kwargs = _sweep._cpu_sample(sample)
+    process = sample.output_process_fn_grad
+
+    def run(fn, x, args, kwargs):
+        torch.manual_seed(0)
+        return fn(x, *args, **kwargs)
+
+    compiled = torch.compile(lambda x, *a, **k: op(x, *a, **k), backend="jax", dynamic=False)
+    calls = _stat("compiled_graph_calls") + _stat("compiled_graph_eager_calls")
+    pair = _sweep.raises_same(
+        lambda: run(op, c_input, c_args, c_kwargs),
+        lambda: run(compiled, sample.input, sample.args, sample.kwargs),
+        name,
+    )
+    if pair is not None:
+        got = _sweep.tie_free(name, sample.input, sample.args, sample.kwargs, process(pair[1]))
+        expected = _sweep.tie_free(name, c_input, c_args, c_kwargs, process(pair[0]))
+        _sweep.compare(got, expected, random=random, where=name, tol=tol)
+    if _stat("compiled_graph_calls") + _stat("compiled_graph_eager_calls") == calls and pair is not None:
+        pytest.skip("Dynamo ran it without a graph (a graph break at the op)")
+    inplace = op.inplace_variant
+    if inplace is None or random or not isinstance(sample.input, torch.Tensor):
+        return
+    torch._dynamo.reset()
+    compiled_inplace = torch.compile(lambda x, *a, **k: inplace(x, *a, **k), backend="jax", dynamic=False)
+
+    def run_inplace(fn, x, args, kwargs):
+        x = x.clone()
+        fn(x, *args, **kwargs)
+        return x
+
+    try:
+        torch._dynamo.reset()
+        torch.compile(lambda x, *a, **k: inplace(x, *a, **k), backend="aot_eager", dynamic=False)(
+            c_input.clone(), *c_args, **c_kwargs
+        )
+    except torch._dynamo.exc.BackendCompilerFailed as e:  # (AOTAutograd's limits, on every device)
+        pytest.skip(f"torch.compile refuses the in-place variant on the CPU too: {str(e).splitlines()[1][:200]}")
+    except Exception:  # noqa: BLE001 (an error of the arguments: compared below)
+        pass
+    torch._dynamo.reset()
+    pair = _sweep.raises_same(
+        lambda: run_inplace(inplace, c_input, c_args, c_kwargs),
+        lambda: run_inplace(compiled_inplace, sample.input, sample.args, sample.kwargs),
+        name + " in-place",
+    )
+    if pair is not None:
+        _sweep.compare(pair[1], pair[0], random=False, where=name + " in-place", tol=tol)

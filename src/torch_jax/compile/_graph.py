@@ -232,6 +232,8 @@ class Program:
                 if n.target is aten.copy_.default and n.args[0] in position:
                     self.mutated[position[n.args[0]]] = n
                     continue
+                if isinstance(n.target, torch._ops.HigherOrderOperator):
+                    raise Unsupported(f"the higher-order op {n.target.name()}")
                 if not isinstance(n.target, torch._ops.OpOverload):
                     continue  # (operator.getitem, SymInt arithmetic)
                 if n.target in _SIZE_OPS:
