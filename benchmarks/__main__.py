@@ -43,8 +43,9 @@ VARIANTS = {
     "cuda_inductor": "torch.compile (Inductor, CUDA)",
     "strict": "jax strict eager",
     "fused": "jax fused eager",
+    "compiled": "torch.compile on jax",
 }
-DEFAULT_VARIANTS = "cpu,inductor,strict,fused"
+DEFAULT_VARIANTS = "cpu,inductor,strict,fused,compiled"
 _TORCH_DEVICE = {"cpu": "cpu", "inductor": "cpu", "cuda": "cuda", "cuda_inductor": "cuda"}  # else jax
 
 
@@ -104,9 +105,12 @@ class _Variant:
         start_kb = _reset_peak()
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        built = time.perf_counter()
         with self._mode():
-            self.fn = workload.setup(self.device, variant.endswith("inductor"))
+            self.fn = workload.setup(self.device, variant.endswith("inductor") or variant == "compiled")
             self._repeat(max(3, inner))  # (fused mode compiles the graphs it will reuse)
+        # (build and warm-up: compilation, for the compiled variants, and the first runs)
+        self.warmup_seconds = time.perf_counter() - built
         self.peak_mb = (_status_kb("VmHWM") - start_kb) / 1024
         self.device_peak = {"jax": _device_peak, "cuda": torch.cuda.max_memory_allocated}.get(self.device, _none)()
 
@@ -138,7 +142,7 @@ class _Variant:
             self.times.append(self._repeat(self.inner) / self.inner)
             after = torch_jax.stats()
         for attr, keys in (
-            ("compiles", ("compiles", "graphs_compiled")),
+            ("compiles", ("compiles", "graphs_compiled", "compiled_graph_compiles")),
             ("graphs", ("graphs_run",)),
             ("graph_ops", ("graph_ops",)),
         ):
@@ -149,6 +153,7 @@ class _Variant:
             "seconds": statistics.median(self.times),
             "repeats": [round(t, 9) for t in self.times],
             "peak_mb": self.peak_mb,
+            "warmup_seconds": self.warmup_seconds,
             "compiles_while_timed": self.compiles if self.device == "jax" else None,
         }
         if self.device_peak is not None:
@@ -218,13 +223,13 @@ def baseline(report: dict) -> str:
     return report["variants"][0]
 
 
-def _memory_table(report: dict, title: str, key: str) -> list[str]:
+def _memory_table(report: dict, title: str, key: str, fmt: str = ".0f") -> list[str]:
     """A table of ``key`` per workload and variant; none where no variant measured it."""
     variants, rows, measured = report["variants"], [], False
     for name, results in report["results"].items():
         values = [(results.get(v) or {}).get(key) for v in variants]
         measured = measured or any(x is not None for x in values)
-        rows.append(f"| {name} | " + " | ".join("-" if x is None else f"{x:.0f}" for x in values) + " |")
+        rows.append(f"| {name} | " + " | ".join("-" if x is None else format(x, fmt) for x in values) + " |")
     if not measured:
         return []
     head = ["| workload | " + " | ".join(VARIANTS[v] for v in variants) + " |", "| --- |" + " --- |" * len(variants)]
@@ -246,6 +251,10 @@ def markdown(report: dict) -> str:
     lines += _memory_table(
         report, "Peak device memory (MB; PyTorch CUDA's since the variant started, JAX's since the process "
         "started, as JAX cannot reset it):", "device_peak_mb",
+    )  # fmt: skip
+    lines += _memory_table(
+        report, "Build and warm-up (seconds: making the model, compiling it for the compiled variants, then the "
+        "untimed first repeat), apart from the steady-state times above:", "warmup_seconds", ".1f",
     )  # fmt: skip
     return "\n".join(lines)
 

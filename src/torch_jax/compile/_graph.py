@@ -36,6 +36,7 @@ fallback catches what is missing: that warns once per graph with the reason, is 
 from __future__ import annotations
 
 import operator
+import sys
 import time
 import warnings
 
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src.array import ArrayImpl as _ArrayImpl
 
 from torch_jax._config import config
 from torch_jax._warnings import FallbackWarning
@@ -202,7 +204,7 @@ def _call_lowering(spec, vals, node, index: int, checks: list, rng=None, dtypes=
 class _Entry:
     """One computation of a program, for one input key."""
 
-    __slots__ = ("fn", "outs", "writes", "checks", "used", "cost")
+    __slots__ = ("fn", "compiled", "outs", "writes", "host_writes", "checks", "used", "cost")
 
 
 class Program:
@@ -296,6 +298,7 @@ class Program:
         if index < 0:
             index = _devices.current()
         key.append(index)
+        key.append(self._donated(inputs, dyn, starts, index) if self.mutated else ())
         key = tuple(key)
         for _ in self.random:
             dyn.append(_devices.next_key(index))
@@ -310,11 +313,19 @@ class Program:
             entry.used = True
             _counters["compiled_graph_hits"] += 1
         results = entry.fn(*dyn)
+        del dyn  # (donated arrays are gone)
         _counters["compiled_graph_calls"] += 1
         _devices.last[index] = results
         if config.launch_blocking:
             jax.block_until_ready(results)
         it = iter(results)
+        for pos in entry.writes:
+            _storage.replace(_storage.box_of(inputs[pos]), next(it))
+        if entry.host_writes:  # (CPU scalars, an optimizer's step counts: read back at once, waiting for the graph)
+            _counters["host_transfers"] += 1
+            values = np.asarray(next(it))
+            for pos, v in zip(entry.host_writes, values):
+                inputs[pos].fill_(v.item())
         outs = []
         for kind, value in entry.outs:
             if kind == "tensor":
@@ -323,18 +334,24 @@ class Program:
                 outs.append(args[value])
             else:
                 outs.append(value)
-        for pos in entry.writes:
-            target = inputs[pos]
-            if target.is_cpu:  # (a CPU scalar, an optimizer's step count: read back, waiting for the graph)
-                _counters["host_transfers"] += 1
-                target.copy_(torch.from_numpy(np.asarray(next(it))))
-            else:
-                _storage.replace(_storage.box_of(target), next(it))
         if entry.checks:
             _fused._deferred.append((entry.checks, next(it)))
             if config.launch_blocking:
                 _fused.check_deferred()
         return outs
+
+    def _donated(self, inputs, dyn, starts, index: int) -> tuple:
+        """The dyn positions of the storage arrays of mutated inputs that nothing but their
+        storage box holds: the computation may write their new values over them (NOTE
+        [Donation] in runtime/_fused), as an eager in-place op updates in place."""
+        _devices.last.pop(index, None)  # (the device's last results: this call's stand for them)
+        donated = []
+        for pos in self.mutated:
+            v = dyn[starts[pos]] if isinstance(inputs[pos], Tensor) and not inputs[pos].is_cpu else None
+            # (references: dyn, the storage box, ``v`` and getrefcount's argument)
+            if v.__class__ is _ArrayImpl and sys.getrefcount(v) <= 4:
+                donated.append(starts[pos])
+        return tuple(donated)
 
     def _run_eager(self, args):
         _counters["compiled_graph_eager_calls"] += 1
@@ -355,12 +372,19 @@ class Program:
 
         def traced(*dyn):
             outs, writes, flags, layouts = self._trace(descs, inputs, dyn, starts, index)
-            found["layouts"], found["writes"] = layouts, writes
+            device = [(pos, w) for pos, w in writes if not inputs[pos].is_cpu]
+            host = [(pos, w) for pos, w in writes if inputs[pos].is_cpu]
+            found["layouts"], found["writes"], found["host"] = layouts, device, [pos for pos, _ in host]
             found["checks"] = [(exc, msg) for _, _, exc, msg in flags]
+            # the storages' new values first: a donated buffer goes to the first output of its
+            # shape and dtype (NOTE [Donation] in runtime/_fused)
+            head = [w for _, w in device]
+            if host:  # one array, one transfer (float64 holds every step count exactly)
+                head.append(jnp.stack([jnp.asarray(w, jnp.float64).reshape(()) for _, w in host]))
             tail = [jnp.stack([jnp.stack([f.astype(jnp.int64), v]) for f, v, _, _ in flags])] if flags else []
-            return tuple(outs) + tuple(w for _, w in writes) + tuple(tail)
+            return tuple(head) + tuple(outs) + tuple(tail)
 
-        jitted = jax.jit(_compile_cache.fresh(traced), out_shardings=_devices.sharding(index))
+        jitted = jax.jit(_compile_cache.fresh(traced), out_shardings=_devices.sharding(index), donate_argnums=key[-1])
         with _cpu_blas.in_graph():
             lowered = jitted.lower(*dyn)
         loads = _cache.hits()
@@ -370,8 +394,10 @@ class Program:
         loaded = _cache.hits() > loads
         entry = _Entry()
         entry.fn = _executor.cpp_call(compiled)
+        entry.compiled = compiled  # (its HLO: benchmarks/profile)
         entry.outs = found["layouts"]
         entry.writes = [pos for pos, _ in found["writes"]]
+        entry.host_writes = found["host"]
         entry.checks = found["checks"]
         entry.used = True
         entry.cost = _compile_cache.allocated() - before
