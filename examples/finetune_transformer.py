@@ -28,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--device", default="jax")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (its default backend)")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
 
@@ -36,6 +37,8 @@ def main() -> None:
     vocab = 64
     config = transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=128, n_layer=2, n_head=4)
     model = transformers.GPT2LMHeadModel(config).to(device)
+    if args.compile:  # (the forward compiled: the model itself stays a PreTrainedModel, for save_pretrained)
+        model.forward = torch.compile(model.forward)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=10, num_training_steps=args.steps)
     g = torch.Generator().manual_seed(0)

@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=60)
     parser.add_argument("--device", default="jax")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (its default backend)")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
 
@@ -43,6 +44,8 @@ def main() -> None:
         bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
     model = transformers.LlamaForCausalLM(config).to(device)
+    if args.compile:  # (the forward compiled: training and generate() both run it)
+        model.forward = torch.compile(model.forward)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
     start = time.perf_counter()

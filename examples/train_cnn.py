@@ -51,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--device", default="jax")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (its default backend)")
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     args = parser.parse_args()
 
@@ -61,6 +62,8 @@ def main() -> None:
         torch.utils.data.TensorDataset(images, labels), batch_size=64, shuffle=True, pin_memory=True, drop_last=True
     )
     model = SmallCNN().to(device)
+    if args.compile:
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=args.steps)
 

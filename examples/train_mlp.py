@@ -3,7 +3,7 @@
 The data is synthetic (a random "teacher" network labels Gaussian inputs), so the
 example needs no downloads. The only device-specific line is ``.to("jax")``.
 
-    python examples/train_mlp.py [--steps 200]
+    python examples/train_mlp.py [--steps 200] [--compile]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--device", default="jax")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (its default backend)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -36,6 +37,8 @@ def main() -> None:
     x, y = x.to(device), y.to(device)
     model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    if args.compile:  # on jax, the default backend's graphs go to the "jax" backend
+        model = torch.compile(model)
 
     start = time.perf_counter()
     for step in range(1, args.steps + 1):

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,3 +58,23 @@ def test_generate_text_example():
     losses = _losses(stdout)
     assert losses[-1] < losses[0], stdout
     assert stdout.count("greedy :") == 2 and "sampled:" in stdout
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("train_mlp.py", ("--steps", "60")),
+        ("train_cnn.py", ("--steps", "50", "--amp")),
+        ("finetune_transformer.py", ("--steps", "40")),
+        ("generate_text.py", ("--steps", "30", "--new-tokens", "8")),
+    ],
+)
+def test_examples_with_compile_match_eager(script, args):
+    """``--compile`` (torch.compile with its default backend, routed to the jax backend):
+    the same losses as the eager run, and the same generated text."""
+    eager, compiled = _run(script, *args), _run(script, *args, "--compile")
+    torch.testing.assert_close(torch.tensor(_losses(compiled)), torch.tensor(_losses(eager)), rtol=2e-3, atol=1e-4)
+    for marker in ("greedy :", "continues 5 6 7 8 with:"):
+        assert [line for line in compiled.splitlines() if marker in line] == [
+            line for line in eager.splitlines() if marker in line
+        ]

@@ -170,14 +170,16 @@ def _value_dtypes(val) -> list:
     return [None if not isinstance(v, Tensor) else _TO_NP[v.dtype] for v in vals]
 
 
-def _fit(r, val, op):
+def _fit(r, val, op, exact: bool = True):
     """A lowering's result as the node's fake value says: its dtype, and a value for
-    every element broadcast to its shape."""
+    every element broadcast to its shape. ``exact`` False: an op whose Meta kernel's
+    shapes differ from the CPU's (``Lowering.trust_meta``) keeps the lowering's, as in
+    eager mode (batch norm's saved statistics in eval mode are empty on the CPU)."""
     if r is None or not isinstance(val, Tensor):
         return r
     r = cast(jnp.asarray(r), _TO_NP[val.dtype])
     shape = val.shape
-    if all(isinstance(s, int) for s in shape) and tuple(r.shape) != tuple(shape):
+    if exact and all(isinstance(s, int) for s in shape) and tuple(r.shape) != tuple(shape):
         if r.size != 1:
             raise RuntimeError(
                 f"torch_jax internal error: the lowering of {op} returned shape {tuple(r.shape)}, "
@@ -526,12 +528,13 @@ class Program:
             result = result[0] if isinstance(result, (list, tuple)) else result
             return _fit(result, val, op)
         result = _call_lowering(spec, vals, n, index, checks, rng, contiguous=contiguous)
+        exact = spec.lowering.trust_meta
         if isinstance(val, (list, tuple)):
             results = list(result) if isinstance(result, (list, tuple)) else [result]
-            return [_fit(r, v, op) for r, v in zip(results, val)]
+            return [_fit(r, v, op, exact) for r, v in zip(results, val)]
         if isinstance(result, (list, tuple)):
             result = result[0]
-        return _fit(result, val, op)
+        return _fit(result, val, op, exact)
 
 
 def _static(val) -> bool:
