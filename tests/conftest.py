@@ -18,6 +18,9 @@ import torch  # noqa: E402
 
 import torch_jax  # noqa: E402
 
+# (a pytest plugin may import torch, and with it torch_jax's settings, before this file runs)
+torch_jax.config.compilation_cache = os.environ["TORCH_JAX_COMPILATION_CACHE"] != "0"
+
 
 @contextlib.contextmanager
 def config_as(**settings):

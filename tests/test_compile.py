@@ -77,6 +77,25 @@ def test_in_place_updates_of_inputs_land_in_the_callers_tensors():
         assert_same(got, expected)
 
 
+def test_out_arguments_and_in_place_ops_through_views():
+    def f(a, b, out, buf):
+        torch.add(a, b, out=out)  # a whole tensor
+        torch.mul(a, 2, out=buf[:, 1])  # a strided view of another
+        buf.t()[0].sub_(1)  # an in-place op through a transposed view
+        return out.sum() + buf.sum()
+
+    def run(device):
+        a = torch.arange(6.0).reshape(3, 2).to(device)
+        b = torch.ones(3, 2, device=device)
+        out = torch.empty(3, 2, device=device)
+        buf = torch.zeros(3, 3, device=device)
+        fn = torch.compile(f, backend="jax") if device == "jax" else f
+        return fn(a, b, out, buf), out, buf
+
+    for got, expected in zip(run("jax"), run("cpu")):
+        assert_same(got, expected)
+
+
 def test_batch_norm_running_statistics_update_as_on_cpu():
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
@@ -118,6 +137,20 @@ def test_views_inside_the_graph():
     y = torch.randn(3, 5)
     got = torch.compile(f, backend="jax")(x.to("jax"), y.to("jax"))
     expected = f(x, y)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e)
+
+
+def test_graphs_that_read_and_make_cpu_tensors():
+    """A graph may read a CPU tensor (a mask made on the host) and return one, as on CUDA."""
+
+    def f(x, mask):
+        return x * mask.to(x.device), (mask * 2).sum(), x.sum().cpu()
+
+    x, mask = torch.randn(3, 4), (torch.arange(12.0).reshape(3, 4) > 5).float()
+    got = torch.compile(f, backend="jax")(x.to("jax"), mask)
+    expected = f(x, mask)
+    assert got[0].device.type == "jax" and got[1].device.type == "cpu" and got[2].device.type == "cpu"
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e)
 
@@ -166,6 +199,38 @@ def test_changing_shapes_are_never_wrong(dynamic):
         assert_same(compiled(x.to("jax"), n), f(x, n), atol=1e-6, rtol=1e-6)
     reasons = torch_jax.stats()["compiled_graph_reasons"]
     assert reasons.get("new graph", 0) >= 1
+
+
+def test_compilations_are_counted_with_their_reasons(capsys):
+    from torch_jax.runtime import _recompiles
+
+    def f(x):
+        return x.exp().sum(0)
+
+    compiled = torch.compile(f, backend="jax", dynamic=False)
+    torch_jax.reset_stats()
+    with config_as(debug=1):
+        compiled(torch.ones(2, 3, device="jax"))
+        compiled(torch.ones(2, 3, device="jax"))
+    printed = capsys.readouterr().out
+    assert "compiling torch.compile graph" in printed and "new graph" in printed
+    stats = torch_jax.stats()
+    assert stats["compiled_graph_compiles"] == 1 and stats["compiled_graph_hits"] == 1
+    assert stats["compiled_graph_reasons"] == {"new graph": 1}
+    # a graph that keeps compiling for new shapes warns once (NOTE [Shapes that keep changing])
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="jax", dynamic=True)
+    warned = _recompiles._warned
+    rows = [torch.ones(n, 3, device="jax") for n in range(2, 3 + _recompiles.THRESHOLD)]  # (made before)
+    _recompiles._warned = False
+    try:
+        with pytest.warns(torch_jax.RecompileWarning, match="input shapes"):
+            for x in rows:
+                compiled(x)
+    finally:
+        _recompiles._warned = warned
+    reasons = torch_jax.stats()["compiled_graph_reasons"]
+    assert sum(v for k, v in reasons.items() if k.startswith("new input shapes")) >= _recompiles.THRESHOLD
 
 
 def test_default_torch_compile_routes_graphs_on_jax(monkeypatch):

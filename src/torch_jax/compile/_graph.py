@@ -53,7 +53,7 @@ from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import LOWERINGS
-from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _stats
+from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _recompiles, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 _counters = _stats.counters
@@ -224,6 +224,7 @@ class Program:
         self.output = next(n for n in self.nodes if n.op == "output")
         self.constants = [n for n in self.nodes if n.op == "get_attr"]
         self.entries: dict = {}
+        self.reshaped = 0  # compilations for new input shapes (NOTE [Shapes that keep changing])
         self.eager = None  # the reason this graph runs op by op, once known
         self.mutated = {}  # placeholder position -> the copy_ node writing it
         position = {n: i for i, n in enumerate(self.placeholders)}
@@ -279,7 +280,14 @@ class Program:
         try:
             for pos, a in enumerate(inputs):
                 starts.append(len(dyn))
-                if isinstance(a, Tensor):
+                if isinstance(a, Tensor) and a.is_cpu:
+                    # a CPU tensor the graph reads (a constant made on the CPU, a mask): its
+                    # value, copied (the host may change the tensor before the call runs)
+                    if a.dim() and pos in self.mutated:
+                        raise Unsupported("a CPU tensor input that the graph updates")
+                    key.append(("c", a.dtype, tuple(a.shape)))
+                    dyn.append(np.array(_dtypes.tensor_to_numpy(a), copy=True))
+                elif isinstance(a, Tensor):
                     desc, index = _executor._describe(a, dyn, index, read_only=pos not in self.mutated)
                     key.append(desc)
                 elif isinstance(a, (bool, int)) or a is None:
@@ -292,7 +300,7 @@ class Program:
         except RuntimeError as e:
             if "Expected all tensors to be on the same device" not in str(e):
                 raise
-            self._go_eager(f"its inputs are on more than one device ({e})")
+            self._go_eager(f"its inputs are on more than one jax device ({e})")
             return self._run_eager(args)
         except Unsupported as e:
             self._go_eager(str(e))
@@ -332,6 +340,9 @@ class Program:
         for kind, value in entry.outs:
             if kind == "tensor":
                 outs.append(value.tensor(next(it)))
+            elif kind == "host":  # (a CPU result of the graph: waits for it)
+                _counters["host_transfers"] += 1
+                outs.append(_dtypes.numpy_to_tensor(np.array(next(it))).to(value))
             elif kind == "input":
                 outs.append(args[value])
             else:
@@ -367,6 +378,15 @@ class Program:
         before = _compile_cache.allocated()
         reason = self._reason(key)
         _stats.compile_reasons[reason] += 1
+        if reason.startswith("new input shapes"):
+            self.reshaped += 1
+            if self.reshaped == _recompiles.THRESHOLD:  # NOTE [Shapes that keep changing]
+                _recompiles.churn[f"torch.compile graph {self.name}"] = self.reshaped
+                _recompiles._warn(
+                    f"torch.compile's graph {self.name} has compiled for {self.reshaped + 1} input shapes "
+                    f"(the last: {reason[len('new input shapes or layout ') :]}).",
+                    _recompiles.HELP,
+                )
         if config.debug >= 1:
             print(f"[torch_jax] compiling torch.compile graph {self.name} ({len(self.nodes)} nodes): {reason}")
         descs = key[: len(inputs)]
@@ -473,6 +493,9 @@ class Program:
         for r in self.output.args[0]:
             if isinstance(r, torch.fx.Node) and r in position and position[r] < len(self.placeholders):
                 layouts.append(("input", position[r]))
+            elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), Tensor) and r.meta["val"].is_cpu:
+                outs.append(env[r])
+                layouts.append(("host", r.meta["val"].dtype))
             elif isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), Tensor):
                 arr = env[r]
                 val = r.meta["val"]
