@@ -10,18 +10,20 @@ from benchmarks.__main__ import main, update_readme
 
 
 def test_the_suite_runs_and_writes_its_report(tmp_path):
-    report = main(["--quick", "--only", "add (16", "MLP", "--variants", "cpu,strict,fused", "--out", str(tmp_path)])
+    variants = ["cpu", "strict", "fused", "compiled"]
+    report = main(["--quick", "--only", "add (16", "MLP", "--variants", ",".join(variants), "--out", str(tmp_path)])
     assert set(report["results"]) == {"small op: add (16 floats)", "MLP 784-512-512-10 step, SGD, batch 128"}
     for results in report["results"].values():
-        assert set(results) == {"cpu", "strict", "fused"}
+        assert set(results) == set(variants)
         for r in results.values():
-            assert "error" not in r and r["seconds"] > 0
+            assert "error" not in r and r["seconds"] > 0 and r["warmup_seconds"] > 0
     mlp = report["results"]["MLP 784-512-512-10 step, SGD, batch 128"]
-    assert mlp["strict"]["compiles_while_timed"] == 0 and mlp["fused"]["compiles_while_timed"] == 0
+    assert all(mlp[v]["compiles_while_timed"] == 0 for v in ("strict", "fused", "compiled"))
     assert mlp["fused"]["ops_per_graph"] > 10  # a whole step per graph
-    assert json.loads((tmp_path / "results.json").read_text())["variants"] == ["cpu", "strict", "fused"]
+    assert json.loads((tmp_path / "results.json").read_text())["variants"] == variants
     text = (tmp_path / "README.md").read_text()
     assert "| MLP 784-512-512-10 step, SGD, batch 128 |" in text and "torchax" in text
+    assert "Build and warm-up" in text
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
     readme = tmp_path / "README.md.in"
     readme.write_text("before\n<!-- benchmarks:start -->\nold\n<!-- benchmarks:end -->\nafter\n")
@@ -32,6 +34,32 @@ def test_the_suite_runs_and_writes_its_report(tmp_path):
     )
     assert "old" not in text and "| MLP 784-512-512-10 step, SGD, batch 128 |" in text
     assert "fused takes" in text and "(target <= 1x:" in text
+    assert "MLP 784-512-512-10 step, SGD, batch 128, compiled:" in text and "fused eager's time (" in text
+
+
+def test_the_compiled_headline_reads_the_targets():
+    from benchmarks.__main__ import compiled_headline
+
+    step = "GPT-2-style step (4 layers)"
+    report = {
+        "results": {
+            step: {
+                "cpu": {"seconds": 0.2},
+                "inductor": {"seconds": 0.19},
+                "fused": {"seconds": 0.15},
+                "compiled": {"seconds": 0.09, "compiles_while_timed": 0},
+            },
+            "small op": {"fused": {"seconds": 1e-5}, "compiled": {"seconds": 2e-5, "compiles_while_timed": 0}},
+        }
+    }
+    lines = compiled_headline(report)
+    assert lines[0] == (
+        f"- {step}, compiled: 0.45x PyTorch CPU eager's time (target <= 0.5x: met); 0.47x Inductor's time "
+        "(faster: target faster); 0.60x fused eager's time (faster: target faster); 0 compilations while timed"
+    )
+    assert lines[1] == (
+        "- small op, compiled: 2.00x fused eager's time (not faster: target faster); 0 compilations while timed"
+    )
 
 
 def test_the_profile_counts_the_products_and_splits_the_kernel_time(tmp_path):

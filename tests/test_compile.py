@@ -420,11 +420,21 @@ def test_opinfo_compiled(op, allow_fallback):
 
     compiled = torch.compile(lambda x, *a, **k: op(x, *a, **k), backend="jax", dynamic=False)
     calls = _stat("compiled_graph_calls") + _stat("compiled_graph_eager_calls")
-    pair = _sweep.raises_same(
-        lambda: run(op, c_input, c_args, c_kwargs),
-        lambda: run(compiled, sample.input, sample.args, sample.kwargs),
-        name,
-    )
+    try:
+        pair = _sweep.raises_same(
+            lambda: run(op, c_input, c_args, c_kwargs),
+            lambda: run(compiled, sample.input, sample.args, sample.kwargs),
+            name,
+        )
+    except _sweep.Mismatch as e:
+        # (Dynamo's own failures, which its state from earlier tests can bring: the same
+        # code through Dynamo alone, on the CPU, tells)
+        torch._dynamo.reset()
+        try:
+            run(torch.compile(lambda x, *a, **k: op(x, *a, **k), backend="eager"), c_input, c_args, c_kwargs)
+        except Exception as cpu_error:  # noqa: BLE001
+            pytest.skip(f"torch.compile fails on the CPU too: {type(cpu_error).__name__}: {str(cpu_error)[:200]}")
+        raise e
     if pair is not None:
         got = _sweep.tie_free(name, sample.input, sample.args, sample.kwargs, process(pair[1]))
         expected = _sweep.tie_free(name, c_input, c_args, c_kwargs, process(pair[0]))

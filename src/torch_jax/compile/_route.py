@@ -60,6 +60,23 @@ def install() -> None:
 def _skip_runtime(trace_rules) -> None:
     for package in ("torch_jax", "jax", "jaxlib"):
         trace_rules.add(package)
+    # the methods that ``dataclasses`` generates have no file of ours ("<string>"), so the
+    # skip list cannot name them: their code objects are skipped one by one (in fused mode a
+    # kernel called after a graph break made a TraceContext, and Dynamo failed tracing it)
+    from torch._dynamo import eval_frame
+
+    skip_code = getattr(eval_frame, "skip_code", None)  # (torch 2.11-2.14 have it)
+    if skip_code is None:
+        return
+    from torch_jax import _config
+    from torch_jax.device import _module
+    from torch_jax.ops import _context, _registry
+
+    for cls in (_context.TraceContext, _module._DeviceProperties, _registry.Lowering, _config.Config):
+        for member in vars(cls).values():
+            code = getattr(member, "__code__", None)
+            if code is not None and not code.co_filename.endswith(".py"):
+                skip_code(code)
 
 
 def on_device(gm, inputs) -> bool:

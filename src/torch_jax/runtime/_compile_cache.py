@@ -50,6 +50,43 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _EVICTIONS = {"op": "cache_evictions", "graph": "graph_evictions", "compiled": "compiled_graph_evictions"}
 
 
+def outside_dynamo(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with Dynamo's frame hook off. NOTE [Dynamo skips the
+    runtime] (in compile/_route): the eager code that a compiled function runs after a
+    graph break calls the device's kernels, and JAX's Python under them (tracing a new
+    computation, ``device_put``) makes objects of its dataclasses, whose generated methods
+    belong to no file that Dynamo's skip list can name: Dynamo would try to compile them,
+    and fail inside its own numpy support. Compilations, transfers, data-dependent ops and
+    the CPU fallback pass here; outside a compiled function the hook is off and this costs
+    one C call."""
+    if _hook is None or _hook.get_eval_frame_callback() is None:
+        return fn(*args, **kwargs)
+    before = _hook.set_eval_frame(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _hook.set_eval_frame(before)
+
+
+def hook_off(kernel):
+    """``kernel``, run with Dynamo's frame hook off (:func:`outside_dynamo`)."""
+
+    def run(*args, **kwargs):
+        return outside_dynamo(kernel, *args, **kwargs)
+
+    run.__name__ = getattr(kernel, "__name__", "kernel")
+    return run
+
+
+try:
+    from torch._C._dynamo import eval_frame as _hook  # (set_eval_frame: what torch._dynamo.disable uses)
+
+    if not hasattr(_hook, "get_eval_frame_callback") or not hasattr(_hook, "set_eval_frame"):
+        _hook = None
+except ImportError:
+    _hook = None
+
+
 def fresh(fn):
     """A new function that calls ``fn``, for JAX to trace: JAX's tracing and lowering
     caches are keyed (weakly) by the function and hold its jaxpr and lowered module while

@@ -188,15 +188,21 @@ mlir.register_lowering(gemm_p, _cpu_lowering, platform="cpu")
 
 
 def untransposed(x):
-    """(operand, transposed): the array a traced 2-D transpose was made from, if it was."""
-    eqn = getattr(x, "parent", None)  # (the tracing equation that made x: JAX internals,
-    # so anything unexpected just keeps x)
-    if eqn is not None and getattr(eqn, "primitive", None) is lax.transpose_p:
-        if tuple(eqn.params.get("permutation", ())) == (1, 0) and len(eqn.in_tracers) == 1:
-            src = eqn.in_tracers[0]
-            if type(src) is DynamicJaxprTracer:
-                return src, True
-    return x, False
+    """(operand, transposed): the array a traced 2-D transpose was made from, if it was;
+    through a chain of transposes (a transposed view read, then transposed again by the
+    graph: a compiled backward's ``t(t(w))``), the array at its start."""
+    transposed = False
+    while True:
+        eqn = getattr(x, "parent", None)  # (the tracing equation that made x: JAX internals,
+        # so anything unexpected just keeps x)
+        if eqn is None or getattr(eqn, "primitive", None) is not lax.transpose_p:
+            return x, transposed
+        if tuple(eqn.params.get("permutation", ())) != (1, 0) or len(eqn.in_tracers) != 1:
+            return x, transposed
+        src = eqn.in_tracers[0]
+        if type(src) is not DynamicJaxprTracer:
+            return x, transposed
+        x, transposed = src, not transposed
 
 
 _tracing = threading.local()

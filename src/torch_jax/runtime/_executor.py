@@ -329,7 +329,7 @@ def run(spec: OpSpec, args):
         dyn = [_fused.concrete(v) for v in dyn]
     if entry is None:
         try:
-            entry = _compile(spec, args, key, index, dyn, plan)
+            entry = _compile_cache.outside_dynamo(_compile, spec, args, key, index, dyn, plan)
             results = _fused.record(entry, dyn) if fused else entry.run(dyn)
         except _PyTorchError as e:
             raise e.error from None
@@ -585,7 +585,7 @@ class _Entry:
         eager records is only traced)."""
         if self.fn is None:
             before = _compile_cache.allocated()
-            self.fn = _compile_op(self.jitted, dyn, self.index)
+            self.fn = _compile_cache.outside_dynamo(_compile_op, self.jitted, dyn, self.index)
             self.jitted = None
             _compile_cache.charge(self, _compile_cache.allocated() - before)
         return self.fn(*dyn)

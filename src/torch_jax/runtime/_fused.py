@@ -113,7 +113,9 @@ def record(entry, dyn) -> Outputs:
             refs.append(i)
         avals = entry.out_avals
         if avals is None:  # an entry compiled in strict mode
-            avals = entry.out_avals = jax.eval_shape(_compile_cache.fresh(entry.traced), *dyn)
+            avals = entry.out_avals = _compile_cache.outside_dynamo(
+                jax.eval_shape, _compile_cache.fresh(entry.traced), *dyn
+            )
         node = len(g.nodes)
         g.nodes.append((entry, tuple(refs)))
         if entry.checks:
@@ -163,7 +165,7 @@ def _run(g: _Graph, reason: str) -> None:
         results, flags = _op_by_op(g.inputs, nodes, wanted, checks)
     else:
         if compiled is None:
-            compiled = _compile(g, nodes, wanted, checks, donated, key, reason)
+            compiled = _compile_cache.outside_dynamo(_compile, g, nodes, wanted, checks, donated, key, reason)
         else:
             _counters["graph_cache_hits"] += 1
             compiled.used = True

@@ -16,7 +16,7 @@ import jax
 import torch
 
 from torch_jax._config import config
-from torch_jax.runtime import _executor, _stats
+from torch_jax.runtime import _compile_cache, _executor, _stats
 
 aten = torch.ops.aten
 _TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
@@ -232,10 +232,15 @@ def install():
     with warnings.catch_warnings():
         # registering over the dispatcher's default PrivateUse1 kernels warns once per op
         warnings.simplefilter("ignore", UserWarning)
-        for op, kernel in _kernels.kernels() + _copy.kernels() + _foreach.kernels():
+        for op, kernel in _kernels.kernels() + _foreach.kernels():
             _register(op, kernel, "kernel")
-        for op, kernel in _redirects.kernels() + _dynamic.kernels():
+        # (transfers and data-dependent ops run JAX's Python: NOTE [Dynamo skips the runtime])
+        for op, kernel in _copy.kernels():
+            _register(op, _compile_cache.hook_off(kernel), "kernel")
+        for op, kernel in _redirects.kernels():
             _register(op, _below_autocast(kernel), "kernel")
+        for op, kernel in _dynamic.kernels():
+            _register(op, _below_autocast(_compile_cache.hook_off(kernel)), "kernel")
         for op, kernel in _redirects.autograd_kernels():
             _lib.impl(op, kernel, "AutogradPrivateUse1")
             REGISTERED[op] = "autograd kernel"
@@ -260,4 +265,4 @@ def install():
     torch.autograd.set_multithreading_enabled(False)
     if config.debug >= 1:  # TORCH_JAX_DEBUG=1: the counters when the process ends
         atexit.register(lambda: print(f"[torch_jax] {_stats.snapshot()}", file=sys.stderr))
-    return _fallback.cpu_fallback
+    return _compile_cache.hook_off(_fallback.cpu_fallback)
