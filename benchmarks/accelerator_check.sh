@@ -43,7 +43,7 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 meta="$site/torch_jax-$version.dist-info"
 mkdir -p "$meta"
 printf 'Metadata-Version: 2.1\nName: torch_jax\nVersion: %s\n' "$version" >"$meta/METADATA"
-printf '[torch.backends]\ntorch_jax = torch_jax:_autoload\n' >"$meta/entry_points.txt"
+printf '[torch.backends]\ntorch_jax = torch_jax:_autoload\n\n[torch_dynamo_backends]\njax = torch_jax.compile:backend\n' >"$meta/entry_points.txt"
 export PYTHONPATH="$root/src:$site:$root${PYTHONPATH:+:$PYTHONPATH}"
 
 # which platform: the GPU where torch sees CUDA and JAX has its CUDA plugin
@@ -51,12 +51,12 @@ if TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$python" -c "import torch, sys; sys.exit(not
     JAX_PLATFORMS=cuda "$python" -c "import jax; jax.devices()" >/dev/null 2>&1; then
     platform=gpu
     export JAX_PLATFORMS=cuda
-    variants=cuda,cuda_inductor,strict,fused
+    variants=cuda,cuda_inductor,strict,fused,compiled
     workers=8
 else
     platform=cpu
     export JAX_PLATFORMS=cpu
-    variants=cpu,inductor,strict,fused
+    variants=cpu,inductor,strict,fused,compiled
     workers=2
 fi
 out=${out:-docs/benchmarks/accelerator-$platform}
@@ -94,7 +94,7 @@ tests_summary=$(tail -n 1 "$out/tests.log")
 t1=$(elapsed)
 
 # 3. the benchmark suite
-[ $quick -eq 1 ] && variants=${variants/,inductor/}
+[ $quick -eq 1 ] && variants=${variants/,inductor/} && variants=${variants/,compiled/}
 bench_args=(--variants "$variants" --repeats 3 --out "$out")
 [ $quick -eq 1 ] && bench_args+=(--quick --only "add (16" "MLP")
 timeout -s INT -k 20 230 "$python" -m benchmarks "${bench_args[@]}" 2>&1 | tee "$out/benchmarks.log"

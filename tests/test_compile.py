@@ -175,6 +175,23 @@ def test_dropout_draws_from_the_device_generator():
     assert 0.45 < kept < 0.55
 
 
+def test_compiled_functions_inside_fused_eager():
+    """Fused eager records ops; a compiled graph computes what it reads first, and its
+    results feed recorded ops (CI's fused run leaves this file to the strict run)."""
+
+    def f(x):
+        return (x @ x.t()).relu()
+
+    compiled = torch.compile(f, backend="jax")
+    x = torch.randn(4, 3)
+    with torch_jax.fused():
+        y = x.to("jax") * 2  # pending
+        z = compiled(y) + 1
+        got = (z * y.sum()).cpu()
+    expected = (f(x * 2) + 1) * (x * 2).sum()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_graph_breaks_run_the_rest_on_the_device():
     def f(x):
         y = x.sin() * 2
