@@ -486,3 +486,87 @@ def test_opinfo_compiled(op, allow_fallback):
     )
     if pair is not None:
         _sweep.compare(pair[1], pair[0], random=False, where=name + " in-place", tol=tol)
+
+
+# ---------------------------------------------------------------- nanoGPT-style training
+
+
+class _CausalSelfAttention(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(d, 3 * d)
+        self.c_proj = torch.nn.Linear(d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class _GPT(torch.nn.Module):
+    """The shape of nanoGPT's model: pre-norm blocks, causal attention through SDPA, GELU
+    MLPs, the embedding tied to the output layer, cross-entropy inside forward."""
+
+    def __init__(self, vocab=64, block=16, d=32, heads=4, layers=2):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(block, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                dict(
+                    ln_1=torch.nn.LayerNorm(d),
+                    attn=_CausalSelfAttention(d, heads),
+                    ln_2=torch.nn.LayerNorm(d),
+                    mlp=torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)),
+                )
+            )
+            for _ in range(layers)
+        )
+        self.ln_f = torch.nn.LayerNorm(d)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets=None):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for blk in self.blocks:
+            x = x + blk["attn"](blk["ln_1"](x))
+            x = x + blk["mlp"](blk["ln_2"](x))
+        logits = self.lm_head(self.ln_f(x))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+def _nanogpt_losses(device: str, steps: int = 4):
+    torch.manual_seed(0)
+    model = _GPT().to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.95)
+    )
+    if device == "jax":
+        model = torch.compile(model)  # as nanoGPT's train.py does: the default backend
+    data = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(steps):
+        x, y = data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_nanogpt_style_training_with_the_default_compile_matches_cpu():
+    expected = _nanogpt_losses("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_jax.CompileWarning)
+        calls = _stat("compiled_graph_calls")
+        got = _nanogpt_losses("jax")
+    assert _stat("compiled_graph_calls") - calls >= 8  # (the forward and backward of every step)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-4, atol=1e-5)
