@@ -61,8 +61,9 @@ def _skip_runtime(trace_rules) -> None:
     for package in ("torch_jax", "jax", "jaxlib"):
         trace_rules.add(package)
     # the methods that ``dataclasses`` generates have no file of ours ("<string>"), so the
-    # skip list cannot name them: their code objects are skipped one by one (in fused mode a
-    # kernel called after a graph break made a TraceContext, and Dynamo failed tracing it)
+    # skip list cannot name them: their code objects are skipped one by one (the device's
+    # dataclasses that code under a compiled function may make; the lowering table's
+    # context is a plain class for this reason, and is not imported here: that imports JAX)
     from torch._dynamo import eval_frame
 
     skip_code = getattr(eval_frame, "skip_code", None)  # (torch 2.11-2.14 have it)
@@ -70,9 +71,8 @@ def _skip_runtime(trace_rules) -> None:
         return
     from torch_jax import _config
     from torch_jax.device import _module
-    from torch_jax.ops import _context, _registry
 
-    for cls in (_context.TraceContext, _module._DeviceProperties, _registry.Lowering, _config.Config):
+    for cls in (_module._DeviceProperties, _config.Config):
         for member in vars(cls).values():
             code = getattr(member, "__code__", None)
             if code is not None and not code.co_filename.endswith(".py"):

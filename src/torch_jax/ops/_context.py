@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import threading
@@ -20,15 +19,21 @@ import numpy as np
 _tls = threading.local()
 
 
-@dataclasses.dataclass
 class TraceContext:
-    op: object
-    out_dtypes: list  # numpy dtypes, one per tensor output
-    index: int  # jax device index the op runs on
-    checks: list = dataclasses.field(default_factory=list)  # (flag, value, exc_type, message)
-    rng: object = None  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
-    contiguous: dict = dataclasses.field(default_factory=dict)  # schema position -> is_contiguous()
-    bucket: tuple | None = None  # NOTE [Buckets] (runtime/_buckets): this call's plan, for the ops that know buckets
+    """What one op's lowering may ask while it is traced. (A plain class, not a dataclass:
+    the methods ``dataclasses`` generates have no file, and Dynamo traces them when they
+    run under a compiled function, NOTE [Dynamo skips the runtime] in compile/_route.)"""
+
+    __slots__ = ("op", "out_dtypes", "index", "checks", "rng", "contiguous", "bucket")
+
+    def __init__(self, op, out_dtypes, index: int, checks=None, rng=None, contiguous=None, bucket=None):
+        self.op = op
+        self.out_dtypes = out_dtypes  # numpy dtypes, one per tensor output
+        self.index = index  # jax device index the op runs on
+        self.checks = [] if checks is None else checks  # (flag, value, exc_type, message)
+        self.rng = rng  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
+        self.contiguous = {} if contiguous is None else contiguous  # schema position -> is_contiguous()
+        self.bucket = bucket  # NOTE [Buckets] (runtime/_buckets): this call's plan, for the ops that know buckets
 
 
 class PaddedValue:
