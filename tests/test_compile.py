@@ -357,8 +357,9 @@ from test_hf_models import MODELS, _batch, _pair  # noqa: E402
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_hf_models_compiled_match_cpu(name):
-    """Forward outputs and every gradient of a compiled training step, and the loss after
-    three compiled AdamW steps, against the same model on the CPU (eager)."""
+    """Forward outputs and every gradient of a compiled training step against the same
+    model on the CPU (eager), and for four of them the losses of three more steps with a
+    compiled AdamW step."""
     cpu, dev = _pair(name)
     cpu.train(), dev.train()
     model = torch.compile(dev, backend="jax")
@@ -371,6 +372,8 @@ def test_hf_models_compiled_match_cpu(name):
         assert (p.grad is None) == (q.grad is None), pname
         if p.grad is not None:
             torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=pname)
+    if name not in ("gpt2", "llama", "resnet", "t5"):  # (CI's time: compiled AdamW steps on four of them)
+        return
     opt, opt_dev = torch.optim.AdamW(cpu.parameters(), lr=1e-3), torch.optim.AdamW(dev.parameters(), lr=1e-3)
     step = torch.compile(opt_dev.step, backend="jax")
     losses, losses_dev = [], []
@@ -403,7 +406,7 @@ import zlib  # noqa: E402
 
 from torch_jax.report import _sweep  # noqa: E402
 
-OPINFO_SHARE = 4  # one OpInfo in OPINFO_SHARE, fixed by a hash of its name (README: why)
+OPINFO_SHARE = 8  # one OpInfo in OPINFO_SHARE, fixed by a hash of its name (README: why)
 
 
 def _compiled_opinfos():

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+
+import torch_jax
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,14 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_readme_example_command_trains():
     readme = (ROOT / "README.md").read_text()
     assert "python examples/train_mlp.py" in readme
-    env = dict(os.environ, TORCH_JAX_FALLBACK="error")
-    out = subprocess.run(
-        [sys.executable, "examples/train_mlp.py", "--steps", "60"], cwd=ROOT, capture_output=True, text=True, env=env
-    )
-    assert out.returncode == 0, out.stderr
-    losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out.stdout)]
-    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], out.stdout
-    assert "device jax" in out.stdout
+    stdout = _run_and_compiled("train_mlp.py", "--steps", "60")
+    losses = _losses(stdout)
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], stdout
 
 
 def _run(script, *args):
@@ -41,40 +37,35 @@ def _losses(stdout):
     return [float(v) for v in re.findall(r"loss (\d+\.\d+)", stdout)]
 
 
+def _run_and_compiled(script, *args):
+    """The example's output; in strict mode it also runs with ``--compile`` (torch.compile
+    with its default backend, routed to the jax backend), which must give the same losses
+    and the same generated text (CI's fused run leaves torch.compile to the strict run)."""
+    eager = _run(script, *args)
+    if torch_jax.config.mode == "strict":
+        compiled = _run(script, *args, "--compile")
+        torch.testing.assert_close(torch.tensor(_losses(compiled)), torch.tensor(_losses(eager)), rtol=2e-3, atol=1e-4)
+        for marker in ("greedy :", "continues 5 6 7 8 with:"):
+            assert [line for line in compiled.splitlines() if marker in line] == [
+                line for line in eager.splitlines() if marker in line
+            ]
+    return eager
+
+
 def test_train_cnn_example():
-    losses = _losses(_run("train_cnn.py", "--steps", "50", "--amp"))
+    losses = _losses(_run_and_compiled("train_cnn.py", "--steps", "50", "--amp"))
     assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0]
 
 
 def test_finetune_transformer_example():
-    stdout = _run("finetune_transformer.py", "--steps", "40")
+    stdout = _run_and_compiled("finetune_transformer.py", "--steps", "40")
     losses = _losses(stdout)
     assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], stdout
     assert "reloaded model continues 5 6 7 8 with:" in stdout
 
 
 def test_generate_text_example():
-    stdout = _run("generate_text.py", "--steps", "30", "--new-tokens", "8")
+    stdout = _run_and_compiled("generate_text.py", "--steps", "30", "--new-tokens", "8")
     losses = _losses(stdout)
     assert losses[-1] < losses[0], stdout
     assert stdout.count("greedy :") == 2 and "sampled:" in stdout
-
-
-@pytest.mark.parametrize(
-    "script, args",
-    [
-        ("train_mlp.py", ("--steps", "60")),
-        ("train_cnn.py", ("--steps", "50", "--amp")),
-        ("finetune_transformer.py", ("--steps", "40")),
-        ("generate_text.py", ("--steps", "30", "--new-tokens", "8")),
-    ],
-)
-def test_examples_with_compile_match_eager(script, args):
-    """``--compile`` (torch.compile with its default backend, routed to the jax backend):
-    the same losses as the eager run, and the same generated text."""
-    eager, compiled = _run(script, *args), _run(script, *args, "--compile")
-    torch.testing.assert_close(torch.tensor(_losses(compiled)), torch.tensor(_losses(eager)), rtol=2e-3, atol=1e-4)
-    for marker in ("greedy :", "continues 5 6 7 8 with:"):
-        assert [line for line in compiled.splitlines() if marker in line] == [
-            line for line in eager.splitlines() if marker in line
-        ]
