@@ -24,13 +24,13 @@ def _decompositions() -> dict:
     from torch_jax.compile import _graph, _rules
     from torch_jax.ops._registry import LOWERINGS
 
-    keep = set(LOWERINGS) | set(_rules.RULES) | set(_graph._RANDOM_FACTORIES)
+    keep = set(LOWERINGS) | set(_rules.RULES) | set(_graph._RANDOM_FACTORIES) | set(_graph._EAGER_AS)
     table = {}
     for op, fn in decomposition_table.items():
         if op in keep or not isinstance(op, torch._ops.OpOverload):
             continue
-        if _graph._functional_of(op) is not None:
-            continue
+        if _graph._functional_of(op) is not None or _graph._per_tensor(op) is not None:
+            continue  # (run by the lowering of its in-place or per-tensor op)
         table[op] = fn
     return table
 
