@@ -35,7 +35,6 @@ fallback catches what is missing: that warns once per graph with the reason, is 
 
 from __future__ import annotations
 
-import operator
 import sys
 import time
 import warnings
@@ -177,16 +176,11 @@ def _fit(r, val, op, exact: bool = True):
     eager mode (batch norm's saved statistics in eval mode are empty on the CPU)."""
     if r is None or not isinstance(val, Tensor):
         return r
-    r = cast(jnp.asarray(r), _TO_NP[val.dtype])
-    shape = val.shape
-    if exact and all(isinstance(s, int) for s in shape) and tuple(r.shape) != tuple(shape):
-        if r.size != 1:
-            raise RuntimeError(
-                f"torch_jax internal error: the lowering of {op} returned shape {tuple(r.shape)}, "
-                f"PyTorch expects {tuple(shape)}"
-            )
-        r = jnp.broadcast_to(r, tuple(shape))
-    return r
+    r = jnp.asarray(r)
+    shape = tuple(val.shape)
+    if not exact or not all(isinstance(s, int) for s in shape):
+        shape = tuple(r.shape)
+    return _executor._cast(r, _TO_NP[val.dtype], shape, op)
 
 
 def _call_lowering(spec, vals, node, index: int, checks: list, rng=None, dtypes=None, contiguous=None):
@@ -500,8 +494,8 @@ class Program:
                 arr = env[r]
                 val = r.meta["val"]
                 shape = tuple(arr.shape)
-                stride = [int(s) for s in val.stride()] if _rules.numel(shape) and _static(val) else None
-                perm, stride = _executor._layout(shape, stride if stride is not None else _contiguous(shape))
+                stride = [int(s) for s in val.stride()] if _static(val) else _storage.contiguous_strides(shape)
+                perm, stride = _executor._layout(shape, stride)
                 outs.append(arr if perm is None else jnp.transpose(arr, perm))
                 layouts.append(("tensor", _storage.template(shape, stride, val.dtype, index)))
             else:
@@ -564,10 +558,6 @@ def _static(val) -> bool:
     return all(isinstance(s, int) for s in val.shape) and all(isinstance(s, int) for s in val.stride())
 
 
-def _contiguous(shape):
-    return _storage.contiguous_strides(shape)
-
-
 def _concrete(v):
     if isinstance(v, torch.SymInt):
         raise Unsupported("a symbolic size the graph returns")
@@ -578,9 +568,7 @@ def _concrete(v):
 
 _SIZE_OPS = {
     aten.sym_size.int: lambda x, d: x.shape[d],
-    aten.sym_stride.int: lambda x, d: _contiguous(x.shape)[d],
+    aten.sym_stride.int: lambda x, d: _storage.contiguous_strides(x.shape)[d],
     aten.sym_numel.default: lambda x: int(np.prod(x.shape)),
     aten.sym_storage_offset.default: lambda x: 0,
 }
-
-_ = operator  # (SymInt arithmetic nodes call operator's functions)

@@ -17,8 +17,6 @@ logical shape, other arguments as Python values, sizes already concrete) and the
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -236,7 +234,3 @@ def _shape_arg(x, rest):
     if rest and isinstance(rest[0], (list, tuple)):
         return tuple(rest[0])
     return x.shape
-
-
-def numel(shape) -> int:
-    return math.prod(shape)

@@ -809,12 +809,12 @@ def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
                 period, inner = (n if r.period is None else r.period), r.inner
                 outer = n // (period * inner)
                 padded[i] = (d, outer, inner)
-                r = _cast(r.arr, out_dtypes[i], f[0][:d] + (n,) + f[0][d + 1 :], spec)
+                r = _cast(r.arr, out_dtypes[i], f[0][:d] + (n,) + f[0][d + 1 :], spec.op)
                 r = r.reshape(f[0][:d] + _blocks(outer, period, inner) + f[0][d + 1 :])
                 outs.append(r)
                 continue
             else:
-                r = _cast(r, out_dtypes[i], f[0], spec)
+                r = _cast(r, out_dtypes[i], f[0], spec.op)
             perm = layouts[i][0]
             outs.append(r if perm is None else jnp.transpose(r, perm))
         if spec.inplace:
@@ -835,7 +835,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
             if g not in current:
                 order.append(g)
                 current[g] = dyn[positions[pos]] if _has_array(k) else None
-            v = _cast(v, t[0], t[1], spec)
+            v = _cast(v, t[0], t[1], spec.op)
             current[g] = _write(current[g], k, v, _offset(k, dyn, positions[pos]))
         outs.extend(current[g] for g in order)
         traced_info["write_order"] = order  # the write slot (of each storage) whose box takes each array
@@ -994,7 +994,9 @@ def _offset(k, dyn, p):
     return dyn[p + 1] if k[1] is not None else dyn[p]
 
 
-def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):
+def _cast(r, dtype: np.dtype, shape: tuple, op):
+    """A lowering's result of ``op`` in ``dtype``, a value for every element broadcast to
+    ``shape`` (compile/_graph casts compiled graphs' results here too)."""
     r = cast(jnp.asarray(r), dtype)
     if tuple(r.shape) != tuple(shape):
         try:
@@ -1003,7 +1005,7 @@ def _cast(r, dtype: np.dtype, shape: tuple, spec: OpSpec):
             return jnp.broadcast_to(r, shape)
         except ValueError:
             raise RuntimeError(
-                f"torch_jax internal error: the lowering of {spec.op} returned shape {tuple(r.shape)}, "
+                f"torch_jax internal error: the lowering of {op} returned shape {tuple(r.shape)}, "
                 f"PyTorch expects {tuple(shape)}"
             ) from None
     return r
