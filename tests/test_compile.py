@@ -205,6 +205,22 @@ def test_graph_breaks_run_the_rest_on_the_device():
     assert_same(got, f(x), atol=1e-6, rtol=1e-6)
 
 
+def test_dynamo_skips_the_kernels_the_device_generates():
+    """NOTE [Dynamo skips the runtime]: the eager part of a compiled function (code Dynamo
+    cannot trace, run with its frame hook on) calls the device's kernels, which are Python
+    the device generates; Dynamo's skip list must cover them, or it traces every kernel."""
+    from torch._dynamo import trace_rules
+
+    from torch_jax.runtime import _executor, _install
+
+    torch_jax.initialize()
+    kernel = _install._functional_kernel(_executor.SPECS[torch.ops.aten.sin.default])
+    assert trace_rules.check(kernel.__code__)  # skipped
+    namespace = {}
+    exec(compile("def kernel(x):\n    return x\n", "<generated>", "exec"), namespace)
+    assert not trace_rules.check(namespace["kernel"].__code__)  # (what Dynamo does with other code)
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_changing_shapes_are_never_wrong(dynamic):
     def f(x, n: int):

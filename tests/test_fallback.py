@@ -67,8 +67,9 @@ def test_warn_mode_warns_once_per_op():
     with pytest.warns(
         torch_jax.FallbackWarning,
         match=r"torch_jax_test::scale has no JAX lowering.*TORCH_JAX_FALLBACK=silent.*TORCH_JAX_FALLBACK=error",
-    ):
+    ) as record:
         ops.scale(x, 2.0)
+    assert record[0].filename == __file__  # (the warning names the line that called the op)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ops.scale(x, 2.0)  # no second warning

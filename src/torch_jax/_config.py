@@ -86,6 +86,10 @@ class Config:
         ``$TORCH_JAX_CACHE_DIR/xla`` (else ``~/.cache/torch_jax/xla``), so the next process
         compiles nothing (NOTE [Persistent compilation cache] in compile/_cache); 0 turns it
         off; read when the device starts.
+    census: count every aten op that runs on the device by where it runs (lowered,
+        decomposed into other ops, a runtime kernel, a ``torch.compile`` graph, the CPU
+        fallback) in ``torch_jax.stats()["op_census"]``; costs a Python call per op, so it is
+        off by default (``torch-jax doctor`` turns it on); read when the device starts.
     """
 
     fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
@@ -99,6 +103,7 @@ class Config:
     cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", int(_intel_cpu())) != 0)
     route_inductor: bool = dataclasses.field(default_factory=lambda: _env_int("ROUTE_INDUCTOR", 1) != 0)
     compilation_cache: bool = dataclasses.field(default_factory=lambda: _env_int("COMPILATION_CACHE", 1) != 0)
+    census: bool = dataclasses.field(default_factory=lambda: _env_int("CENSUS", 0) != 0)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "fallback" and value not in _FALLBACK_MODES:

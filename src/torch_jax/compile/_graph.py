@@ -267,6 +267,12 @@ class Program:
             args = list(args)
         if self.eager is not None:
             return self._run_eager(args)
+        if _stats.census is not None:  # config.census: the graph's ops, once a call
+            _stats.census.update(
+                ("compiled", _stats.op_name(n.target))
+                for n in self.nodes
+                if isinstance(n.target, torch._ops.OpOverload)
+            )
         if _fused.pending:
             _fused.flush_all("torch.compile graph")
         inputs = args + [getattr(self.gm, n.target) for n in self.constants]

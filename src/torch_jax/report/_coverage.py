@@ -34,7 +34,7 @@ def _aten_status():
 
     status = {}
     for op, how in REGISTERED.items():
-        status[str(op)] = "lowered" if how in ("lowered", "inplace", "out") else "kernel"
+        status[str(op)] = "lowered" if how in ("lowered", "inplace", "out") else "kernel"  # (a redirect too)
     for op in LOWERINGS:
         status.setdefault(str(op), "lowered")
     for op in DECLARED_FALLBACKS:

@@ -11,6 +11,8 @@ counted per op, and ``TORCH_JAX_FALLBACK=error`` turns it into an error.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
@@ -28,9 +30,17 @@ Tensor = torch.Tensor
 _warned: set = set()
 
 
-def _name(op) -> str:
-    name = op._schema.name
-    return f"{name}.{op._overloadname}" if op._overloadname != "default" else name
+_name = _stats.op_name
+_LIBRARIES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def _caller_level() -> int:
+    """For a warning made by the caller: the ``stacklevel`` of the first frame outside
+    torch_jax and torch, the line that called the op."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1
 
 
 def _announce(op) -> None:
@@ -45,6 +55,8 @@ def _announce(op) -> None:
         )
     _stats.counters["fallbacks"] += 1
     _stats.fallback_ops[name] += 1
+    if _stats.census is not None:
+        _stats.census["cpu_fallback", name] += 1
     if config.debug >= 1:
         print(f"[torch_jax] CPU fallback: {name}")
     if config.fallback == "warn" and name not in _warned:
@@ -55,7 +67,7 @@ def _announce(op) -> None:
             "TORCH_JAX_FALLBACK=error to make it an error, and please report the op to the torch_jax "
             "issue tracker. torch_jax.stats() counts fallbacks per op.",
             FallbackWarning,
-            stacklevel=4,
+            stacklevel=_caller_level(),
         )
 
 

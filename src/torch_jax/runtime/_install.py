@@ -9,6 +9,8 @@ out). Hand-written kernels (allocation, views, copies) are registered as they ar
 from __future__ import annotations
 
 import atexit
+import collections
+import os
 import sys
 import warnings
 
@@ -87,7 +89,10 @@ def _make_kernel(op, body: str, namespace: dict):
             params.append(name)
         names.append(name)
     src = f"def kernel({', '.join(params)}):\n    {body.replace('ARGS', ', '.join(names) + ',')}\n"
-    exec(compile(src, f"<torch_jax kernel {op}>", "exec"), namespace)
+    # (a file name inside the package: Dynamo's skip list names files, and a kernel that a
+    # compiled function's eager part calls must be skipped as the rest of the runtime is,
+    # NOTE [Dynamo skips the runtime] in compile/_route)
+    exec(compile(src, os.path.join(os.path.dirname(__file__), f"<torch_jax kernel {op}>"), "exec"), namespace)
     kernel = namespace["kernel"]
     kernel.__name__ = str(op).replace(".", "_")
     return kernel
@@ -197,8 +202,15 @@ def _register(op, kernel, how: str):
         raise RuntimeError(f"torch_jax: {op} is CompositeImplicitAutograd; lower the ops it decomposes into")
     if op in REGISTERED:
         raise RuntimeError(f"torch_jax: two kernels for {op} ({REGISTERED[op]} and {how})")
+    if _stats.census is not None:  # config.census
+        kernel = _stats.counted(kernel, op, _PLACEMENT.get(how, how))
     _lib.impl(op, kernel, "PrivateUse1")
     REGISTERED[op] = how
+
+
+# config.census's name for how each registered kind of kernel runs an op (a redirect
+# runs other ops, which count too)
+_PLACEMENT = {"inplace": "lowered", "out": "lowered", "redirect": "decomposed"}
 
 
 _AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
@@ -229,6 +241,8 @@ def install():
     from torch_jax.tensor import _kernels
 
     _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    if config.census:
+        _stats.census = collections.Counter()
     with warnings.catch_warnings():
         # registering over the dispatcher's default PrivateUse1 kernels warns once per op
         warnings.simplefilter("ignore", UserWarning)
@@ -238,7 +252,7 @@ def install():
         for op, kernel in _copy.kernels():
             _register(op, _compile_cache.hook_off(kernel), "kernel")
         for op, kernel in _redirects.kernels():
-            _register(op, _below_autocast(kernel), "kernel")
+            _register(op, _below_autocast(kernel), "redirect")
         for op, kernel in _dynamic.kernels():
             _register(op, _below_autocast(_compile_cache.hook_off(kernel)), "kernel")
         for op, kernel in _redirects.autograd_kernels():

@@ -8,6 +8,8 @@ import collections
 counters: collections.Counter = collections.Counter()
 fallback_ops: collections.Counter = collections.Counter()
 compile_reasons: collections.Counter = collections.Counter()  # why torch.compile's graphs compiled
+# (placement, aten op) -> calls, while config.census is on (installed when the device starts)
+census: collections.Counter | None = None
 
 
 def snapshot() -> dict:
@@ -23,7 +25,27 @@ def snapshot() -> dict:
     from torch_jax.runtime import _recompiles
 
     out["shape_churn"] = dict(_recompiles.churn)
+    if census is not None:
+        out["op_census"] = {f"{placement} {op}": n for (placement, op), n in sorted(census.items())}
     return out
+
+
+def counted(kernel, op, placement: str):
+    """``kernel``, counting its calls in :data:`census` (``config.census``)."""
+    key = (placement, op_name(op))
+
+    def run(*args, **kwargs):
+        census[key] += 1
+        return kernel(*args, **kwargs)
+
+    run.__name__ = getattr(kernel, "__name__", "kernel")
+    return run
+
+
+def op_name(op) -> str:
+    """``aten::add.Tensor``: an op overload's name as PyTorch prints it."""
+    name = op._schema.name
+    return f"{name}.{op._overloadname}" if op._overloadname != "default" else name
 
 
 def reset() -> None:
@@ -32,4 +54,6 @@ def reset() -> None:
     counters.clear()
     fallback_ops.clear()
     compile_reasons.clear()
+    if census is not None:
+        census.clear()
     _fused.materializations.clear()
