@@ -12,19 +12,18 @@ import sys
 import jsonschema
 import pytest
 
-from torch_jax.doctor import _cli, _criteria, _store, schema
+from torch_jax.doctor import _cli, _criteria, _doctor, _store, schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
-def _doctor(tmp_path, *argv):
+def _record(tmp_path, *argv, quiet=True):
     """``torch-jax doctor`` in this process (each run is its own process anyway): the exit
     status and the record, checked against the schema."""
     out = tmp_path / "out"
-    status = _cli.main(
-        ["doctor", *argv[:1], "--out", str(out), "--db", str(tmp_path / "db.sqlite"), "--quiet", *argv[1:]]
-    )
+    own = ["--out", str(out), "--db", str(tmp_path / "db.sqlite")] + (["--quiet"] if quiet else [])
+    status = _cli.main(["doctor", *argv[:1], *own, *argv[1:]])
     with open(out / "record.json") as f:
         record = json.load(f)
     jsonschema.Draft202012Validator(schema()).validate(record)
@@ -44,7 +43,7 @@ def _placements(run) -> dict:
 
 
 def test_training_script_in_every_mode(tmp_path):
-    status, record = _doctor(
+    status, record = _record(
         tmp_path,
         os.path.join(EXAMPLES, "train_cnn.py"),
         "--accept",
@@ -91,7 +90,7 @@ def test_training_script_in_every_mode(tmp_path):
 
 
 def test_cpu_fallback_is_counted_and_fails_its_criterion(tmp_path):
-    status, record = _doctor(
+    status, record = _record(
         tmp_path,
         os.path.join(EXAMPLES, "migration", "kernel_ridge.py"),
         "--modes",
@@ -115,7 +114,7 @@ def test_cpu_fallback_is_counted_and_fails_its_criterion(tmp_path):
 
 
 def test_failing_workload_says_where_and_the_scan_says_why(tmp_path):
-    status, record = _doctor(tmp_path, os.path.join(EXAMPLES, "migration", "cuda_only.py"), "--modes", "strict,fused")
+    status, record = _record(tmp_path, os.path.join(EXAMPLES, "migration", "cuda_only.py"), "--modes", "strict,fused")
     reference, strict, fused = record["runs"]
     assert reference["status"] == "ok" and reference["steps"] == 20
     for run in (strict, fused):
@@ -152,7 +151,7 @@ def test_rerun_and_the_migration_diff(tmp_path):
     )
     text = text.replace("torch.cuda.synchronize()", "torch.accelerator.synchronize()")
     script.write_text(text)
-    status, record = _doctor(tmp_path, str(script), "--modes", "strict", "--accept", "loss_rel<=1e-4")
+    status, record = _record(tmp_path, str(script), "--modes", "strict", "--accept", "loss_rel<=1e-4")
     assert record["verdict"] == "pass" and status == 0, record["runs"][1]["error"]
     assert record["diff"]["files"] == ["train.py"] and "+        device = torch.accelerator" in record["diff"]["text"]
     assert record["diff"]["repo"] == str(repo)
@@ -166,7 +165,7 @@ def test_rerun_and_the_migration_diff(tmp_path):
         assert [r["id"] for r in store.search("cudnn")] and store.search("train")
 
 
-def test_entry_point_timeout_and_a_dying_process(tmp_path, monkeypatch):
+def test_entry_point_timeout_and_a_dying_process(tmp_path, monkeypatch, capfd):
     """``module:function`` targets; a run that hangs or whose process dies still has a row."""
     (tmp_path / "doctor_entry.py").write_text(
         "import os, time, torch\n"
@@ -181,7 +180,7 @@ def test_entry_point_timeout_and_a_dying_process(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    status, record = _doctor(
+    status, record = _record(
         tmp_path, "doctor_entry:model", "--modes", "strict,compiled", "--steps", "4", "--accept", "output_rel<=1e-5"
     )
     assert record["target"]["kind"] == "entry" and record["config"]["steps"] == 4
@@ -190,13 +189,19 @@ def test_entry_point_timeout_and_a_dying_process(tmp_path, monkeypatch):
     assert {c["name"] for c in _run(record, "compiled")["comparison"]} == {"output:0"}
     assert record["verdict"] == "pass" and status == 0
 
-    status, record = _doctor(tmp_path, "doctor_entry:dies", "--modes", "strict")
+    status, record = _record(tmp_path, "doctor_entry:dies", "--modes", "strict")
     assert [r["status"] for r in record["runs"]] == ["failed", "failed"] and status == 1
     assert record["runs"][1]["error"]["type"] == "ProcessDied" and record["runs"][1]["returncode"] == -9
 
-    status, record = _doctor(tmp_path, "doctor_entry:hangs", "--modes", "strict", "--timeout", "4")
+    monkeypatch.setattr(_doctor, "PROGRESS_EVERY_S", 1.0)
+    status, record = _record(tmp_path, "doctor_entry:hangs", "--modes", "strict", "--timeout", "4", quiet=False)
     assert [r["status"] for r in record["runs"]] == ["timeout", "timeout"] and record["verdict"] == "error"
     assert record["runs"][0]["error"]["type"] == "Timeout" and record["runs"][0]["returncode"] is None
+    lines = capfd.readouterr().err.splitlines()
+    assert (
+        "[doctor] reference on cpu: running" in lines and "[doctor] strict on jax: timeout in 4.0 s, 0 steps" in lines
+    )
+    assert "[doctor] strict on jax: 2 s, 0 steps" in lines  # (a line while it runs)
 
 
 def test_acceptance_criteria():

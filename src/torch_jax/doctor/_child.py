@@ -40,8 +40,10 @@ import traceback
 class Watch:
     """What the hooks saw (NOTE [What the doctor sees of a script])."""
 
-    def __init__(self, device: str, compiled: bool):
+    def __init__(self, device: str, compiled: bool, progress=None):
         self.device = device
+        self.progress = progress  # a file the steps so far are written to, once a second
+        self.told = 0.0
         self.compiled = compiled
         self.losses = []  # one-element tensors, detached
         self.step_ends = []  # perf_counter() after each optimizer step's synchronize
@@ -103,7 +105,12 @@ class Watch:
     def _synchronized(self) -> float:
         if self.device != "cpu":
             _torch().accelerator.synchronize()
-        return time.perf_counter()
+        now = time.perf_counter()
+        if self.progress is not None and now - self.told >= 1.0:  # (the doctor's progress line)
+            self.told = now
+            with open(self.progress, "w") as f:
+                f.write(str(max(self.optimizer_steps, len(self.forward_ends))))
+        return now
 
     def _names(self) -> dict:
         return {id(p): n for n, p in self.root.named_parameters()} if self.root is not None else {}
@@ -252,7 +259,7 @@ def main(argv=None) -> int:
         import torch_jax  # noqa: F401  (the environment set the mode and the census)
 
     torch.manual_seed(0)
-    watch = Watch(a.device, compiled=a.mode == "compiled")
+    watch = Watch(a.device, compiled=a.mode == "compiled", progress=os.path.join(a.out, "progress"))
     watch.install()
     path = os.path.abspath(a.target) if a.kind == "script" else None
     error = None

@@ -51,13 +51,18 @@ def _split(argv):
 
 
 def doctor(argv) -> int:
+    return _doctor_run(argv)[0]
+
+
+def _doctor_run(argv):
+    """(exit status, the record or None)."""
     own, args = _split(argv)
     a = _doctor_parser().parse_args(own)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in _doctor.MODES]
     if bad:
         print(f"torch-jax doctor: unknown mode {bad[0]!r} (modes: {', '.join(_doctor.MODES)})", file=sys.stderr)
-        return 2
+        return 2, None
 
     def progress(message):
         if not a.quiet:
@@ -77,8 +82,8 @@ def doctor(argv) -> int:
         )
     except ValueError as e:
         print(f"torch-jax doctor: {e}", file=sys.stderr)
-        return 2
-    return _keep(record, a.out, a.db, a.no_store)
+        return 2, None
+    return _keep(record, a.out, a.db, a.no_store), record
 
 
 def _keep(record, out, db, no_store) -> int:
@@ -114,7 +119,7 @@ def rerun(argv) -> int:
         except KeyError as e:
             print(f"torch-jax rerun: {e.args[0]}", file=sys.stderr)
             return 1
-    own = list(old["command"][2:])
+    own, args = _split(list(old["command"][2:]))
     if a.out is not None:
         own += ["--out", a.out]
     if a.db is not None:
@@ -122,12 +127,12 @@ def rerun(argv) -> int:
     cwd = os.getcwd()
     os.chdir(old["target"]["cwd"])
     try:
-        status = doctor(own)
+        status, record = _doctor_run(own + ["--", *args])
     finally:
         os.chdir(cwd)
-    with _store.Store(a.db) as store:
-        new = store.list(limit=1)[0]["id"]
-        print(_store.format_diff(store.diff(old["id"], new)))
+    if record is not None:
+        with _store.Store(a.db) as store:
+            print(_store.format_diff(store.diff(old["id"], record["id"])))
     return status
 
 

@@ -30,6 +30,7 @@ from torch_jax.doctor import _criteria
 
 SCHEMA = "torch_jax.doctor/1"
 MODES = ("strict", "fused", "compiled")
+PROGRESS_EVERY_S = 15.0  # a progress line this often while a run goes on
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
 
 
@@ -120,13 +121,27 @@ def run_one(mode, device, target, kind, args, steps, warmup, timeout, progress) 
         cmd += ["--kind", kind, "--steps", str(steps), target, "--", *argv]
         start = time.perf_counter()
         progress(f"{mode} on {device}: running")
-        status = "ok"
-        try:
-            proc = subprocess.run(cmd, env=_child_env(mode), capture_output=True, text=True, timeout=timeout)
-            output = proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            proc, status = None, "timeout"
-            output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+        status, output, returncode = "ok", "", None
+        with open(os.path.join(out, "output"), "w+", errors="replace") as log:
+            proc = subprocess.Popen(cmd, env=_child_env(mode), stdout=log, stderr=subprocess.STDOUT, text=True)
+            told = start
+            while True:
+                try:
+                    returncode = proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.perf_counter()
+                if now - start > timeout:
+                    proc.kill()
+                    proc.wait()
+                    status = "timeout"
+                    break
+                if now - told >= PROGRESS_EVERY_S:
+                    told = now
+                    progress(f"{mode} on {device}: {now - start:.0f} s, {_steps_so_far(out)} steps")
+            log.seek(0)
+            output = log.read()
         wall = time.perf_counter() - start
         result = {}
         if os.path.exists(os.path.join(out, "result.json")):
@@ -143,7 +158,7 @@ def run_one(mode, device, target, kind, args, steps, warmup, timeout, progress) 
         tail = output.strip().splitlines()[-1:] or ["no output"]
         error = {
             "type": "ProcessDied",
-            "message": f"the run's process ended with status {proc.returncode} before reporting: {tail[0]}",
+            "message": f"the run's process ended with status {returncode} before reporting: {tail[0]}",
             "where": "?",
             "traceback": output[-20000:],
         }
@@ -154,7 +169,7 @@ def run_one(mode, device, target, kind, args, steps, warmup, timeout, progress) 
         "mode": mode,
         "device": device,
         "status": status,
-        "returncode": proc.returncode if proc is not None else None,
+        "returncode": returncode,
         "error": error,
         "wall_s": wall,
         "steps": result.get("steps", 0),
@@ -172,6 +187,14 @@ def run_one(mode, device, target, kind, args, steps, warmup, timeout, progress) 
     }
     progress(f"{mode} on {device}: {status} in {wall:.1f} s, {row['steps']} steps")
     return row, tensors
+
+
+def _steps_so_far(out: str) -> str:
+    try:
+        with open(os.path.join(out, "progress")) as f:
+            return f.read().strip() or "0"
+    except OSError:
+        return "0"
 
 
 def compare(tensors: dict, reference: dict) -> list:
