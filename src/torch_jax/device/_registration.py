@@ -10,6 +10,7 @@ the device (a factory, a ``.to("jax")``) lands in that fallback, which runs
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -80,6 +81,9 @@ def register() -> None:
         from torch_jax.compile import _route
 
         _route.install()  # NOTE [The default torch.compile on jax]
+        from torch_jax import distributed
+
+        distributed.install()  # NOTE [The jax process group] in distributed/_backend
         _registered = True
 
 
@@ -117,6 +121,10 @@ def initialize() -> None:
         share_gpu_memory()  # NOTE [GPU memory beside PyTorch]
         _host_memory.keep_freed_blocks(_host_memory.platform())  # NOTE [Host memory of the CPU device]
         register()
+        if "torch.distributed.distributed_c10d" in sys.modules:  # NOTE [The jax process group]
+            from torch_jax.distributed import _backend
+
+            _backend.start_runtime()
         from torch_jax.runtime import _install
 
         _fallback_kernel = _install.install()

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from jax.sharding import SingleDeviceSharding
 
-_devices = jax.devices()
+_devices = jax.local_devices()  # (this process's: under torch.distributed, JAX sees every process's)
 _current = 0
 _lock = threading.Lock()
 

@@ -1,0 +1,321 @@
+"""The ``jax`` process group.
+
+NOTE [The jax process group]: collectives on ``jax`` tensors run as XLA collectives
+across JAX processes (gloo between CPUs, NCCL between NVIDIA GPUs, ICI on TPUs: the one
+program JAX compiles for each). JAX's distributed runtime must start before JAX's
+backend does, so creating the group only records its store, rank and size; the device,
+when it first starts (``torch_jax.initialize``), starts JAX's runtime first, from the
+same rendezvous: rank 0 picks a free port beside ``MASTER_ADDR`` and tells the others
+through the group's store. A program that used the device before
+``init_process_group`` gets a clear error at its first collective on ``jax``.
+
+Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
+row ``r`` of an array sharded over a mesh of one device per rank: the device of the
+tensor on each rank, exchanged through the store the first time), runs a jitted
+``shard_map`` of the collective (cached by JAX per shape and dtype), and writes the
+rank's row of the result into the caller's tensor. The reductions JAX has collectives for
+(sum, max, min, average of floats) use them; product and the bitwise ones gather and
+reduce. CPU tensors, ``send``/``recv`` and ``barrier`` go through a gloo group the jax
+group holds beside (host copies for ``send``/``recv`` of jax tensors).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+_KEY = "torch_jax/coordinator"
+_world = None  # (store, rank, size, timeout) of the first jax group, until JAX's runtime starts
+_started = False
+
+
+def start_runtime() -> None:
+    """Start JAX's distributed runtime for the first jax group (before JAX's backend)."""
+    global _started
+    if _started or _world is None:
+        return
+    store, rank, size, timeout = _world
+    _started = True
+    if size == 1:
+        return
+    import jax
+
+    from torch_jax.runtime import _host_memory
+
+    if _host_memory.platform() == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        store.set(_KEY, f"{host}:{port}")
+    address = store.get(_KEY).decode()
+    jax.distributed.initialize(address, size, rank, initialization_timeout=max(int(timeout.total_seconds()), 1))
+
+
+def _done(result=None):
+    future = Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+class JaxProcessGroup(dist.ProcessGroup):
+    """``torch.distributed``'s backend for ``jax`` tensors (NOTE [The jax process group])."""
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        global _world
+        from torch_jax.device import _registration
+
+        self._store, self._rank, self._size, self._timeout = store, rank, size, timeout
+        self._meshes = {}
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        if _world is None and not _registration.is_initialized():
+            _world = (store, rank, size, timeout)  # (started with the device; else _mesh says why not)
+
+    def getBackendName(self) -> str:
+        return "jax"
+
+    def __repr__(self) -> str:
+        return f"JaxProcessGroup(rank={self._rank}, size={self._size})"
+
+    # ------------------------------------------------------------ the mesh
+
+    def _mesh(self, index: int):
+        """The mesh of this group's devices, one a rank, for tensors on local jax:index."""
+        mesh = self._meshes.get(index)
+        if mesh is None:
+            import jax
+            import numpy as np
+
+            from torch_jax.device import _state
+
+            if self._size > 1 and not jax.distributed.is_initialized():
+                raise RuntimeError(
+                    "torch_jax: the jax device started before torch.distributed.init_process_group(), "
+                    "so JAX's distributed runtime could not start; call init_process_group() before the "
+                    "first use of the jax device"
+                )
+            mine = _state.device(index)
+            self._store.set(f"torch_jax/device/{index}/{self._rank}", str(mine.id))
+            ids = [int(self._store.get(f"torch_jax/device/{index}/{r}")) for r in range(self._size)]
+            by_id = {d.id: d for d in jax.devices()}
+            mesh = jax.sharding.Mesh(np.array([by_id[i] for i in ids]), ("r",))
+            self._meshes[index] = mesh
+        return mesh
+
+    def _run(self, kind: str, t: torch.Tensor, *extra):
+        """``kind``'s collective over this group's copies of ``t``: the local result array."""
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from torch_jax.runtime import _copy
+
+        index = t.device.index or 0
+        mesh = self._mesh(index)
+        local = _copy.logical_array(t, "collective")
+        local = local.reshape((1,) + local.shape)
+        sharding = NamedSharding(mesh, P("r"))
+        whole = jax.make_array_from_single_device_arrays((self._size,) + local.shape[1:], sharding, [local])
+        out = _collective(mesh, kind, *extra)(whole)
+        return out.addressable_data(0)
+
+    def _write(self, t: torch.Tensor, arr) -> None:
+        from torch_jax.tensor import _storage
+
+        index = t.device.index or 0
+        t.copy_(_storage.new_tensor(tuple(arr.shape), t.dtype, index, arr=arr))
+
+    # ------------------------------------------------------------ collectives
+
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts)
+        if tensors[0].device.type == "cpu":
+            return self._gloo.allreduce(tensors, opts)
+        for t in tensors:
+            if op == "avg" and not (t.is_floating_point() or t.is_complex()):
+                raise ValueError(f"torch_jax: all_reduce with ReduceOp.AVG needs a floating tensor, got {t.dtype}")
+            self._write(t, self._run("allreduce", t, op, str(t.dtype))[0])
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        if tensors[0].device.type == "cpu":
+            return self._gloo.broadcast(tensors, opts)
+        root = opts.rootRank
+        for t in tensors:
+            self._write(t, self._run("gather", t)[0][root])
+        return _done(tensors)
+
+    def reduce(self, tensors, opts=None):
+        if tensors[0].device.type == "cpu":
+            return self._gloo.reduce(tensors, opts)
+        for t in tensors:
+            result = self._run("allreduce", t, _op(opts), str(t.dtype))[0]
+            if self._rank == opts.rootRank:
+                self._write(t, result)
+        return _done(tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        if inputs[0].device.type == "cpu":
+            return self._gloo.allgather(output_lists, inputs, opts)
+        for outputs, t in zip(output_lists, inputs):
+            rows = self._run("gather", t)[0]
+            for r, out in enumerate(outputs):
+                self._write(out, rows[r])
+        return _done(output_lists)
+
+    def all_gather_single(self, output, input, opts=None):
+        if input.device.type == "cpu":
+            return self._gloo._allgather_base(output, input, opts)
+        rows = self._run("gather", input)[0]
+        self._write(output, rows.reshape(output.shape))
+        return _done(output)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for out, t in zip(outputs, inputs):
+            self.all_gather_single(out, t, opts)
+        return _done(outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        if outputs[0].device.type == "cpu":
+            return self._gloo.reduce_scatter(outputs, input_lists, opts)
+        for out, chunks in zip(outputs, input_lists):
+            self._reduce_scatter(out, torch.stack([c.reshape(out.shape) for c in chunks]), opts)
+        return _done(outputs)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        if input.device.type == "cpu":
+            return self._gloo._reduce_scatter_base(output, input, opts)
+        self._reduce_scatter(output, input.reshape((self._size,) + tuple(output.shape)), opts)
+        return _done(output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for out, t in zip(outputs, inputs):
+            self.reduce_scatter_single(out, t, opts)
+        return _done(outputs)
+
+    def _reduce_scatter(self, output, stacked, opts):
+        op = _op(opts)
+        # every rank's row for this rank, reduced: a gather of the rows, then the reduction
+        rows = self._run("allreduce", stacked, op, str(stacked.dtype))[0]
+        self._write(output, rows[self._rank])
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if input.device.type == "cpu":
+            return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        if output_split_sizes or input_split_sizes:
+            even = input.shape[0] // self._size
+            if any(s != even for s in list(output_split_sizes) + list(input_split_sizes)):
+                raise NotImplementedError("torch_jax: all_to_all_single with uneven splits on jax")
+        chunks = input.reshape((self._size, input.shape[0] // self._size) + tuple(input.shape[1:]))
+        rows = self._run("gather", chunks)[0]  # (rank, chunk, ...): what every rank sends
+        self._write(output, rows[:, self._rank].reshape(output.shape))
+        return _done(output)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        for r in range(self._size):  # (per destination: each rank's input r reaches rank r)
+            rows = self._run("gather", inputs[r].contiguous())[0]
+            if r == self._rank:
+                for src, out in enumerate(outputs):
+                    self._write(out, rows[src])
+        return _done(outputs)
+
+    def gather(self, output_lists, inputs, opts=None):
+        if inputs[0].device.type == "cpu":
+            return self._gloo.gather(output_lists, inputs, opts)
+        rows = self._run("gather", inputs[0])[0]
+        if self._rank == opts.rootRank:
+            for r, out in enumerate(output_lists[0]):
+                self._write(out, rows[r])
+        return _done(output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        if outputs[0].device.type == "cpu":
+            return self._gloo.scatter(outputs, input_lists, opts)
+        out = outputs[0]
+        if self._rank == opts.rootRank:
+            stacked = torch.stack([c.reshape(out.shape) for c in input_lists[0]])
+        else:
+            stacked = torch.zeros((self._size,) + tuple(out.shape), dtype=out.dtype, device=out.device)
+        rows = self._run("gather", stacked)[0]
+        self._write(out, rows[opts.rootRank, self._rank])
+        return _done(outputs)
+
+    def barrier(self, opts=None):
+        return self._gloo.barrier()
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        host = [t.cpu() if t.device.type != "cpu" else t for t in tensors]
+        return self._gloo.send(host, dst, tag)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        host = [torch.empty_like(t, device="cpu") if t.device.type != "cpu" else t for t in tensors]
+        work = self._gloo.recv(host, src, tag)
+        work.wait()
+        for t, h in zip(tensors, host):
+            if t is not h:
+                t.copy_(h)
+        return _done(tensors)
+
+
+def _op(opts) -> str:
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    names = {
+        dist.ReduceOp.SUM: "sum",
+        dist.ReduceOp.AVG: "avg",
+        dist.ReduceOp.MAX: "max",
+        dist.ReduceOp.MIN: "min",
+        dist.ReduceOp.PRODUCT: "product",
+        dist.ReduceOp.BAND: "band",
+        dist.ReduceOp.BOR: "bor",
+        dist.ReduceOp.BXOR: "bxor",
+    }
+    for value, name in names.items():
+        if op == value:
+            return name
+    raise NotImplementedError(f"torch_jax: {op} on jax")
+
+
+@functools.cache
+def _collective(mesh, kind: str, op: str | None = None, dtype: str | None = None):
+    """A jitted shard_map over ``mesh``'s axis "r" (rows: one a rank)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def gather(x):  # (1, ...) -> (1, size, ...): every rank's row
+        return jax.lax.all_gather(x[0], "r")[None]
+
+    def allreduce(x):
+        if op in ("sum", "avg") and dtype != "torch.bool":
+            y = jax.lax.psum(x, "r")
+            return y / mesh.size if op == "avg" else y
+        if op in ("max", "min") and dtype != "torch.bool":
+            return (jax.lax.pmax if op == "max" else jax.lax.pmin)(x, "r")
+        rows = jax.lax.all_gather(x[0], "r")
+        reduce = {
+            "sum": jnp.any,  # (bool)
+            "max": jnp.any,
+            "min": jnp.all,
+            "product": lambda r, axis: (
+                jnp.prod(r, axis=axis, dtype=r.dtype) if r.dtype != jnp.bool_ else jnp.all(r, axis=axis)
+            ),
+            "band": lambda r, axis: functools.reduce(jnp.bitwise_and, list(r)),
+            "bor": lambda r, axis: functools.reduce(jnp.bitwise_or, list(r)),
+            "bxor": lambda r, axis: functools.reduce(jnp.bitwise_xor, list(r)),
+        }[op]
+        return reduce(rows, axis=0)[None]
+
+    body = {"gather": gather, "allreduce": allreduce}[kind]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("r"), out_specs=P("r")))

@@ -1,0 +1,212 @@
+"""Run by tests/test_distributed.py under torchrun: one scenario a launch; each rank
+checks its own results and prints ``RANK ok SCENARIO`` (a failed check raises)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
+
+
+def _values(dtype, rank, shape=(3, 4)):
+    g = torch.Generator().manual_seed(100 + rank)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(0, 7, shape, generator=g).to(dtype)
+
+
+def _same(got, want, what):
+    if os.environ.get("DIST_DEBUG"):
+        print(dist.get_rank(), what, time.perf_counter(), flush=True)
+    got = got.cpu()
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        raise AssertionError(f"{what}: got {got} want {want}")
+
+
+def collectives(rank, size):
+    """Every collective on jax tensors against gloo's on the same CPU tensors, every dtype."""
+    ops = {
+        "sum": dist.ReduceOp.SUM,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT,
+        "band": dist.ReduceOp.BAND,
+        "bor": dist.ReduceOp.BOR,
+        "bxor": dist.ReduceOp.BXOR,
+    }
+    for dtype in DTYPES:
+        x = _values(dtype, rank)
+        every = dtype in (torch.float32, torch.int64)  # (every collective; the others: the common ones)
+        for name, op in ops.items():
+            if not every and name != "sum":
+                continue
+            if name in ("band", "bor", "bxor") and (dtype.is_floating_point or dtype.is_complex):
+                continue
+            if name in ("max", "min") and dtype.is_complex:
+                continue
+            if dtype in (torch.bfloat16, torch.float16, torch.bool, torch.complex64) and name != "sum":
+                if not (dtype is torch.bool and name in ("max", "min")):
+                    continue  # (gloo has no such kernels)
+            want = x.clone()
+            dist.all_reduce(want, op)
+            got = x.to("jax")
+            dist.all_reduce(got, op)
+            _same(got, want, f"all_reduce {name} {dtype}")
+        want, got = x.clone(), x.to("jax")
+        dist.broadcast(want, 1)
+        dist.broadcast(got, 1)
+        _same(got, want, f"broadcast {dtype}")
+        wants = [torch.empty_like(x) for _ in range(size)]
+        gots = [torch.empty_like(x, device="jax") for _ in range(size)]
+        dist.all_gather(wants, x)
+        dist.all_gather(gots, x.to("jax"))
+        for g, w in zip(gots, wants):
+            _same(g, w, f"all_gather {dtype}")
+        want = torch.empty((size * 3, 4), dtype=dtype)
+        got = torch.empty((size * 3, 4), dtype=dtype, device="jax")
+        dist.all_gather_into_tensor(want, x)
+        dist.all_gather_into_tensor(got, x.to("jax"))
+        _same(got, want, f"all_gather_into_tensor {dtype}")
+        if every:
+            big = _values(dtype, rank, (size * 2, 4))
+            want = torch.empty((2, 4), dtype=dtype)
+            got = torch.empty((2, 4), dtype=dtype, device="jax")
+            if True:
+                dist.reduce_scatter_tensor(want, big)
+                dist.reduce_scatter_tensor(got, big.to("jax"))
+                _same(got, want, f"reduce_scatter_tensor {dtype}")
+            want = torch.empty_like(big)
+            got = torch.empty_like(big, device="jax")
+            dist.all_to_all_single(want, big)
+            dist.all_to_all_single(got, big.to("jax"))
+            _same(got, want, f"all_to_all_single {dtype}")
+        if dtype is torch.float32:
+            want, got = x.clone(), x.to("jax")
+            dist.reduce(want, 0)
+            dist.reduce(got, 0)
+            if rank == 0:  # (elsewhere the tensor's value after a reduce is unspecified)
+                _same(got, want, "reduce")
+            gathered = [torch.empty_like(x, device="jax") for _ in range(size)] if rank == 0 else None
+            dist.gather(x.to("jax"), gathered, dst=0)
+            if rank == 0:
+                for r, g in enumerate(gathered):
+                    _same(g, _values(dtype, r), "gather")
+            out = torch.empty_like(x, device="jax")
+            dist.scatter(out, [_values(dtype, r).to("jax") for r in range(size)] if rank == 1 else None, src=1)
+            _same(out, _values(dtype, rank), "scatter")
+            avg = x.to("jax")
+            dist.all_reduce(avg, dist.ReduceOp.AVG)
+            torch.testing.assert_close(avg.cpu(), sum(_values(dtype, r) for r in range(size)) / size)
+    # async work, point to point, a subgroup, the barrier
+    t = torch.full((5,), float(rank + 1), device="jax")
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    _same(t, torch.full((5,), float(sum(range(1, size + 1)))), "async all_reduce")
+    if rank == 0:
+        dist.send(torch.arange(6.0, device="jax"), 1)
+    elif rank == 1:
+        r = torch.empty(6, device="jax")
+        dist.recv(r, 0)
+        _same(r, torch.arange(6.0), "send/recv")
+    group = dist.new_group([1, 0])
+    t = torch.full((2,), float(rank), device="jax")
+    dist.all_reduce(t, group=group)
+    _same(t, torch.full((2,), float(sum(range(size)))), "subgroup all_reduce")
+    dist.barrier()
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _batch(rank):
+    g = torch.Generator().manual_seed(7 + rank)
+    return torch.randn(6, 8, generator=g), torch.randn(6, 1, generator=g)
+
+
+def ddp(rank, size):
+    """DDP on jax against one process on the CPU training on every rank's batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model().to("jax"), bucket_cap_mb=0.0001)  # (several buckets)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch(rank)
+    for step in range(3):
+        if step == 1:
+            with model.no_sync():  # (gradients accumulate locally, then sync with the next step)
+                nn.functional.mse_loss(model(x.to("jax")), y.to("jax")).backward()
+        loss = nn.functional.mse_loss(model(x.to("jax")), y.to("jax"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    reference = _model()
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [_batch(r) for r in range(size)]
+    for step in range(3):
+        for _ in range(2 if step == 1 else 1):
+            for bx, by in batches:
+                (nn.functional.mse_loss(reference(bx), by) / size).backward()
+        ropt.step()
+        ropt.zero_grad()
+    for p, q in zip(model.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def cpu_only(rank, size):
+    """A CPU program under torchrun: ``init_process_group()`` without a backend works with the
+    jax device installed (gloo for CPU tensors), and JAX never starts."""
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    _same(t, torch.full((3,), float(sum(range(1, size + 1)))), "cpu all_reduce")
+    from torch_jax.device import _registration
+
+    assert not _registration.is_initialized() and "jax" not in sys.modules
+
+
+def early(rank, size):
+    """The device used before init_process_group: the first collective on jax says why it
+    cannot run."""
+    t = torch.ones(2, device="jax")
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        assert "before torch.distributed.init_process_group()" in str(e), e
+    else:
+        raise AssertionError("no error")
+
+
+def main():
+    scenario = sys.argv[1]
+    if scenario == "early":
+        torch.ones(1, device="jax")  # (the device starts here, JAX with it)
+    dist.init_process_group()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    {"collectives": collectives, "ddp": ddp, "cpu_only": cpu_only, "early": early}[scenario](rank, size)
+    print(f"{rank} ok {scenario}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.pop("XLA_FLAGS", None)
+    main()
