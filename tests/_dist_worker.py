@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -36,8 +35,6 @@ def _values(dtype, rank, shape=(3, 4)):
 
 
 def _same(got, want, what):
-    if os.environ.get("DIST_DEBUG"):
-        print(dist.get_rank(), what, time.perf_counter(), flush=True)
     got = got.cpu()
     if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
         raise AssertionError(f"{what}: got {got} want {want}")
@@ -173,6 +170,82 @@ def ddp(rank, size):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
 
+def _reference(size, steps):
+    """One CPU process training ``_model()`` on every rank's batch (the mean of the ranks' losses)."""
+    reference = _model()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [_batch(r) for r in range(size)]
+    for _ in range(steps):
+        for bx, by in batches:
+            (nn.functional.mse_loss(reference(bx), by) / size).backward()
+        opt.step()
+        opt.zero_grad()
+    return reference
+
+
+def fsdp(rank, size):
+    """FSDP2 (fully_shard per layer and the root) on jax against one CPU process; and a
+    model made on the meta device, sharded, then ``to_empty(device="jax")``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("jax", (size,))
+    model = _model().to("jax")
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch(rank)
+    for _ in range(3):
+        nn.functional.mse_loss(model(x.to("jax")), y.to("jax")).backward()
+        opt.step()
+        opt.zero_grad()
+    reference = _reference(size, 3)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.to_local().device.type == "jax" and p.to_local().shape[0] <= -(-q.shape[0] // size)
+        torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+    with torch.device("meta"):
+        lazy = _model()
+    for layer in lazy:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(lazy, mesh=mesh)
+    lazy.to_empty(device="jax")
+    for p in lazy.parameters():
+        nn.init.normal_(p.to_local(), std=0.1)  # (each rank its shard)
+    nn.functional.mse_loss(lazy(x.to("jax")), y.to("jax")).backward()
+    assert all(p.grad is not None and p.grad.to_local().device.type == "jax" for p in lazy.parameters())
+
+
+def tensor_parallel(rank, size):
+    """DTensor tensor parallelism: a column-wise then a row-wise linear (a transformer
+    MLP's plan) on a mesh made with init_device_mesh("jax"), against one CPU process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("jax", (size,))
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    reference = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    reference.load_state_dict(block.state_dict())
+    block = parallelize_module(block.to("jax"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))  # (the same batch on every rank)
+    for _ in range(3):
+        block(x.to("jax")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        reference(x).pow(2).mean().backward()
+        ropt.step()
+        ropt.zero_grad()
+    for (name, p), q in zip(block.named_parameters(), reference.parameters()):
+        assert p.to_local().numel() < q.numel() or name == "2.bias", name  # (sharded; the row-wise bias is replicated)
+        torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
 def cpu_only(rank, size):
     """A CPU program under torchrun: ``init_process_group()`` without a backend works with the
     jax device installed (gloo for CPU tensors), and JAX never starts."""
@@ -202,7 +275,9 @@ def main():
         torch.ones(1, device="jax")  # (the device starts here, JAX with it)
     dist.init_process_group()
     rank, size = dist.get_rank(), dist.get_world_size()
-    {"collectives": collectives, "ddp": ddp, "cpu_only": cpu_only, "early": early}[scenario](rank, size)
+    scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
+    scenarios.update(cpu_only=cpu_only, early=early)
+    scenarios[scenario](rank, size)
     print(f"{rank} ok {scenario}", flush=True)
     dist.destroy_process_group()
 

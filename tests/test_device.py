@@ -154,6 +154,26 @@ def test_set_device_and_device_context():
 
 
 @pytest.mark.two_devices
+def test_to_jax_without_an_index_goes_to_the_current_device():
+    """As .to("cuda") goes to the current CUDA device (NOTE [The current device in .to("jax")])."""
+    x = torch.arange(3.0)
+    with torch.jax.device(1):
+        made = {
+            "to": x.to("jax"),
+            "to device=": x.to(device=torch.device("jax"), dtype=torch.float64),
+            "jax:0 to jax": torch.ones(2, device="jax:0").to("jax"),
+            "module": torch.nn.Linear(2, 2).to("jax").weight,
+            "tensor": torch.tensor([1.0, 2.0], device="jax"),
+            "as_tensor": torch.as_tensor(x, device="jax"),
+        }
+        assert x.to("jax:0").device == torch.device("jax:0")
+    for what, t in made.items():
+        assert t.device == torch.device("jax:1"), what
+    assert made["to device="].dtype == torch.float64 and made["to"].tolist() == [0.0, 1.0, 2.0]
+    assert x.to("jax").device == torch.device("jax:0")  # (current again)
+
+
+@pytest.mark.two_devices
 def test_jax_n_lives_on_jax_device_n():
     t = torch.arange(4.0, device="jax:1")
     assert t.device == torch.device("jax:1")

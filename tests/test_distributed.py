@@ -23,6 +23,6 @@ def _torchrun(scenario: str, nproc: int = 2):
         assert f"{rank} ok {scenario}" in out.stdout, text[-6000:]
 
 
-@pytest.mark.parametrize("scenario", ["collectives", "ddp", "cpu_only", "early"])
+@pytest.mark.parametrize("scenario", ["collectives", "ddp", "fsdp", "tensor_parallel", "cpu_only", "early"])
 def test_two_processes(scenario):
     _torchrun(scenario)

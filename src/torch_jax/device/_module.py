@@ -9,6 +9,7 @@ needs the devices initializes the backend on first use.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -65,6 +66,10 @@ def __getattr__(name: str):
     # module says ``_initialized`` (a module global in torch.cuda)
     if name == "_initialized":
         return is_initialized()
+    if name in ("Stream", "Event"):  # (torch.cuda's names; FSDP2 asks its device module for them)
+        from torch_jax.device import _accelerator
+
+        return getattr(_accelerator, name)
     raise AttributeError(f"module 'torch.jax' has no attribute {name!r}")
 
 
@@ -108,6 +113,23 @@ class device_of(device):
 
     def __init__(self, obj):
         super().__init__(obj.get_device() if obj.device.type == "jax" else None)
+
+
+def current_stream(device=None) -> torch.Stream:
+    """The device's one stream (NOTE [One stream per device] in device/_accelerator)."""
+    return torch.Stream(device=torch.device("jax", _index(device)))
+
+
+default_stream = current_stream
+
+
+def set_stream(stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+def stream(stream):
+    """``with torch.jax.stream(s):`` makes ``s`` current (its device), as ``with s:`` does."""
+    return stream if stream is not None else contextlib.nullcontext()
 
 
 def synchronize(device=None) -> None:

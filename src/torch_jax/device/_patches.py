@@ -207,3 +207,49 @@ def _wrap_setup_devices(training_args) -> None:
     wrapped = functools.cached_property(_setup_devices)
     wrapped.__set_name__(cls, "_setup_devices")
     cls._setup_devices = wrapped
+
+
+_filling = False
+
+
+def fill_current_device() -> None:
+    """NOTE [The current device in .to("jax")]: ``tensor.to("jax")`` (and ``Module.to``,
+    ``torch.tensor(..., device="jax")``, ``torch.as_tensor``) must go to the current jax
+    device, as ``.to("cuda")`` goes to ``torch.cuda.current_device()``. PyTorch fills in a
+    missing index from the backend's device guard before any kernel sees it, and a Python
+    backend's guard always answers device 0. So once a program makes another device
+    current (``torch.jax.set_device(1)``, ``with torch.jax.device(1)``, DeviceMesh under
+    torchrun), those four fill in the current index themselves; until then nothing is
+    wrapped and they cost what they cost."""
+    global _filling
+    if _filling:
+        return
+    _filling = True
+    from torch_jax.device import _state
+
+    def fill(device):
+        if device == NAME or (isinstance(device, torch.device) and device.type == NAME and device.index is None):
+            return torch.device(NAME, _state.current())
+        return device
+
+    to = torch.Tensor.to
+
+    @functools.wraps(to)
+    def to_current(self, *args, **kwargs):
+        if args and isinstance(args[0], (str, torch.device)):
+            args = (fill(args[0]),) + args[1:]
+        elif "device" in kwargs:
+            kwargs["device"] = fill(kwargs["device"])
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = to_current
+    for name in ("tensor", "as_tensor"):
+        make = getattr(torch, name)
+
+        @functools.wraps(make)
+        def make_current(data, *args, _make=make, **kwargs):
+            if "device" in kwargs:
+                kwargs["device"] = fill(kwargs["device"])
+            return _make(data, *args, **kwargs)
+
+        setattr(torch, name, make_current)

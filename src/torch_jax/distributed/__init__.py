@@ -16,6 +16,29 @@ def install() -> None:
     from torch_jax.device import _patches
 
     _patches.on_import("torch.distributed.distributed_c10d", _register)
+    _patches.on_import("torch.distributed.fsdp._fully_shard._fsdp_param", _fsdp_storages)
+
+
+def _fsdp_storages(module) -> None:
+    """NOTE [FSDP2's storages on jax]: FSDP2 frees an unsharded parameter between uses by
+    resizing its storage to 0 bytes and back, which a Python backend cannot do (PyTorch
+    asks a C++ hook for it). On jax the storage keeps its size and lets go of its array
+    instead (a storage without an array reads as zeros until written, as FSDP2's
+    all-gather does before any read)."""
+    free, alloc = module.free_storage, module.alloc_storage
+
+    def free_storage(tensor) -> None:
+        if tensor.device.type != NAME:
+            return free(tensor)
+        from torch_jax.tensor import _storage
+
+        _storage.box_of(tensor).arr = None
+
+    def alloc_storage(tensor) -> None:
+        if tensor.device.type != NAME:
+            return alloc(tensor)
+
+    module.free_storage, module.alloc_storage = free_storage, alloc_storage
 
 
 def _register(c10d) -> None:

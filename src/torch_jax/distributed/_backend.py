@@ -6,7 +6,8 @@ program JAX compiles for each). JAX's distributed runtime must start before JAX'
 backend does, so creating the group only records its store, rank and size; the device,
 when it first starts (``torch_jax.initialize``), starts JAX's runtime first, from the
 same rendezvous: rank 0 picks a free port beside ``MASTER_ADDR`` and tells the others
-through the group's store. A program that used the device before
+through the group's store. On the CPU each process gets ``LOCAL_WORLD_SIZE`` CPU devices,
+as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``'s. A program that used the device before
 ``init_process_group`` gets a clear error at its first collective on ``jax``.
 
 Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
@@ -50,6 +51,12 @@ def start_runtime() -> None:
 
     if _host_memory.platform() == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # as each process of a GPU host sees every GPU of it (and uses cuda:LOCAL_RANK, which
+        # DeviceMesh and most scripts set), each process gets a CPU device per local process
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        flags = os.environ.get("XLA_FLAGS", "")
+        if local > 1 and "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={local}".strip()
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         with socket.socket() as s:
@@ -76,12 +83,23 @@ class JaxProcessGroup(dist.ProcessGroup):
 
         self._store, self._rank, self._size, self._timeout = store, rank, size, timeout
         self._meshes = {}
+        self._name = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         if _world is None and not _registration.is_initialized():
             _world = (store, rank, size, timeout)  # (started with the device; else _mesh says why not)
 
     def getBackendName(self) -> str:
         return "jax"
+
+    # (a Python group stands for itself: its name, which functional collectives look it up
+    # by, is kept here)
+    def _set_group_name(self, name: str) -> None:
+        super()._set_group_name(name)
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
 
     def __repr__(self) -> str:
         return f"JaxProcessGroup(rank={self._rank}, size={self._size})"
@@ -103,9 +121,12 @@ class JaxProcessGroup(dist.ProcessGroup):
                     "so JAX's distributed runtime could not start; call init_process_group() before the "
                     "first use of the jax device"
                 )
-            mine = _state.device(index)
-            self._store.set(f"torch_jax/device/{index}/{self._rank}", str(mine.id))
-            ids = [int(self._store.get(f"torch_jax/device/{index}/{r}")) for r in range(self._size)]
+            # (ranks may use different local devices, jax:LOCAL_RANK say: the exchange is keyed by
+            # how many meshes this group has made, as every rank makes its first at its first
+            # collective on jax, and another only if it moves its tensors to another device)
+            key = f"torch_jax/devices/{len(self._meshes)}"
+            self._store.set(f"{key}/{self._rank}", str(_state.device(index).id))
+            ids = [int(self._store.get(f"{key}/{r}")) for r in range(self._size)]
             by_id = {d.id: d for d in jax.devices()}
             mesh = jax.sharding.Mesh(np.array([by_id[i] for i in ids]), ("r",))
             self._meshes[index] = mesh
