@@ -3,8 +3,10 @@ checks its own results and prints ``RANK ok SCENARIO`` (a failed check raises)."
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -269,14 +271,44 @@ def early(rank, size):
         raise AssertionError("no error")
 
 
+def dead_rank(rank, size):
+    """Rank 1 dies after a first collective (outside torchrun, which would stop the others
+    itself): the others' next collective raises within the group's timeout, saying why."""
+    t = torch.ones(3, device="jax")
+    dist.all_reduce(t)
+    if rank == 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        assert "did not all come within the group's timeout" in str(e), e
+        assert time.monotonic() - start < 20, time.monotonic() - start
+    else:
+        raise AssertionError("no error")
+    print(f"{rank} ok dead_rank", flush=True)
+    os._exit(0)  # (else JAX's runtime waits at exit for the rank that died, up to the timeout, then aborts)
+
+
+def mismatched(rank, size):
+    """Ranks that call a collective with different shapes get an error naming both."""
+    t = torch.ones(3 + rank, device="jax")
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        assert "rank 0: allreduce sum float32[3]; rank 1: allreduce sum float32[4]" in str(e), e
+    else:
+        raise AssertionError("no error")
+
+
 def main():
     scenario = sys.argv[1]
     if scenario == "early":
         torch.ones(1, device="jax")  # (the device starts here, JAX with it)
-    dist.init_process_group()
+    dist.init_process_group(timeout=datetime.timedelta(seconds=15) if scenario == "dead_rank" else None)
     rank, size = dist.get_rank(), dist.get_world_size()
     scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
-    scenarios.update(cpu_only=cpu_only, early=early)
+    scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
     scenarios[scenario](rank, size)
     print(f"{rank} ok {scenario}", flush=True)
     dist.destroy_process_group()

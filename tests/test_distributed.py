@@ -5,6 +5,7 @@ process training on the CPU (tests/_dist_worker.py)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -23,6 +24,30 @@ def _torchrun(scenario: str, nproc: int = 2):
         assert f"{rank} ok {scenario}" in out.stdout, text[-6000:]
 
 
-@pytest.mark.parametrize("scenario", ["collectives", "ddp", "fsdp", "tensor_parallel", "cpu_only", "early"])
+@pytest.mark.parametrize(
+    "scenario", ["collectives", "ddp", "fsdp", "tensor_parallel", "cpu_only", "early", "mismatched"]
+)
 def test_two_processes(scenario):
     _torchrun(scenario)
+
+
+def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
+    """Started by hand, not by torchrun (whose agent would stop the other rank itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "dead_rank"],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 3, outs[1][-3000:]
+    assert procs[0].returncode == 0 and "0 ok dead_rank" in outs[0], outs[0][-6000:]

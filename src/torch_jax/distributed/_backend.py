@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from torch.futures import Future
 _KEY = "torch_jax/coordinator"
 _world = None  # (store, rank, size, timeout) of the first jax group, until JAX's runtime starts
 _started = False
+_CHECK = os.environ.get("TORCH_JAX_DIST_CHECK", "1") != "0"  # NOTE [Mismatched collectives]
 
 
 def start_runtime() -> None:
@@ -64,7 +66,17 @@ def start_runtime() -> None:
             port = s.getsockname()[1]
         store.set(_KEY, f"{host}:{port}")
     address = store.get(_KEY).decode()
-    jax.distributed.initialize(address, size, rank, initialization_timeout=max(int(timeout.total_seconds()), 1))
+    # (the group's timeout bounds JAX's waits too: for a rank that stops sending heartbeats,
+    # which ends the others with JAX's error, and at exit for the shutdown barrier)
+    seconds = max(int(timeout.total_seconds()), 1)
+    jax.distributed.initialize(
+        address,
+        size,
+        rank,
+        initialization_timeout=seconds,
+        heartbeat_timeout_seconds=min(seconds, 100),
+        shutdown_timeout_seconds=min(seconds, 300),
+    )
 
 
 def _done(result=None):
@@ -84,6 +96,7 @@ class JaxProcessGroup(dist.ProcessGroup):
         self._store, self._rank, self._size, self._timeout = store, rank, size, timeout
         self._meshes = {}
         self._name = ""
+        self._checks = 0
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         if _world is None and not _registration.is_initialized():
             _world = (store, rank, size, timeout)  # (started with the device; else _mesh says why not)
@@ -142,12 +155,43 @@ class JaxProcessGroup(dist.ProcessGroup):
 
         index = t.device.index or 0
         mesh = self._mesh(index)
+        if _CHECK:
+            self._check(f"{kind}{' ' + extra[0] if extra else ''} {str(t.dtype)[6:]}{list(t.shape)}")
         local = _copy.logical_array(t, "collective")
         local = local.reshape((1,) + local.shape)
         sharding = NamedSharding(mesh, P("r"))
         whole = jax.make_array_from_single_device_arrays((self._size,) + local.shape[1:], sharding, [local])
         out = _collective(mesh, kind, *extra)(whole)
         return out.addressable_data(0)
+
+    def _check(self, what: str) -> None:
+        """NOTE [Mismatched collectives]: XLA runs a collective whose ranks disagree on its
+        shape silently wrong or hangs (measured on the CPU: a sum over 3 and 4 elements gave
+        one rank a wrong sum and hung the other). So before each collective the ranks compare
+        a fingerprint of (collective, reduction, dtype, shape) through the gloo group beside,
+        whose wait is bounded by the group's timeout: a rank that died or never comes gives
+        the others an error within the timeout, and a mismatch an error naming what each rank
+        called. (One small host all-gather a collective; ``TORCH_JAX_DIST_CHECK=0`` skips it.)"""
+        mine = torch.tensor([zlib.crc32(what.encode())], dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(self._size)]
+        try:
+            self._gloo.allgather([every], [mine]).wait()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"torch_jax: rank {self._rank} waited for the other ranks of its process group at a "
+                f"collective ({what}) and they did not all come within the group's timeout "
+                f"({self._timeout}), or one died: {e}"
+            ) from e
+        self._checks += 1
+        if any(int(h) != int(mine) for h in every):
+            key = f"torch_jax/mismatch/{self._checks}"
+            self._store.set(f"{key}/{self._rank}", what)
+            called = "; ".join(f"rank {r}: {self._store.get(f'{key}/{r}').decode()}" for r in range(self._size))
+            raise RuntimeError(
+                f"torch_jax: the ranks of a process group called different collectives, or one with "
+                f"different shapes or dtypes ({called}); every rank must call the same collectives "
+                "in the same order on tensors of the same shape"
+            )
 
     def _write(self, t: torch.Tensor, arr) -> None:
         from torch_jax.tensor import _storage
