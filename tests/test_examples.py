@@ -69,3 +69,20 @@ def test_generate_text_example():
     losses = _losses(stdout)
     assert losses[-1] < losses[0], stdout
     assert stdout.count("greedy :") == 2 and "sampled:" in stdout
+
+
+def test_train_fsdp_example_under_torchrun_matches_the_cpu():
+    """The README's FSDP2 command (fewer steps), on jax and with --device cpu (gloo)."""
+    readme = (ROOT / "README.md").read_text()
+    assert "torchrun --standalone --nproc-per-node=2 examples/train_fsdp.py" in readme
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (one process a device)
+    losses = {}
+    for device in ("jax", "cpu"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        cmd += ["examples/train_fsdp.py", "--steps", "20", "--device", device]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        assert f"rank 0's shard on {device}" in out.stdout, out.stdout
+        losses[device] = _losses(out.stdout)
+    assert len(losses["jax"]) == 3 and losses["jax"][-1] < 0.5 * losses["jax"][0], losses
+    torch.testing.assert_close(torch.tensor(losses["jax"]), torch.tensor(losses["cpu"]), rtol=1e-3, atol=1e-4)
