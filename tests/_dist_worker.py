@@ -131,6 +131,10 @@ def collectives(rank, size):
     t = torch.full((2,), float(rank), device="jax")
     dist.all_reduce(t, group=group)
     _same(t, torch.full((2,), float(sum(range(size)))), "subgroup all_reduce")
+    param = nn.Parameter(torch.full((2,), float(rank), device="jax"))  # (written as data, as on the CPU)
+    dist.broadcast(param, 1)
+    dist.all_reduce(param)
+    _same(param.detach(), torch.full((2,), 2.0), "a Parameter")
     dist.barrier()
 
 
@@ -221,9 +225,100 @@ def fsdp(rank, size):
     assert all(p.grad is not None and p.grad.to_local().device.type == "jax" for p in lazy.parameters())
 
 
-def tensor_parallel(rank, size):
+def _sharded_model(mesh, lazy=False):
+    """``_model()`` with fully_shard per layer and the root, on jax (made on the meta device
+    and left unset, zeros, when ``lazy``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if lazy:
+        with torch.device("meta"):
+            model = _model()
+    else:
+        model = _model().to("jax")
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if lazy:
+        model.to_empty(device="jax")
+    return model
+
+
+def _full_params(model):
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu() for p in model.parameters()]
+
+
+def _adam_step(model, opt, batches, size):
+    """One Adam step on the mean of the batches' losses (each batch a rank's, or every rank's
+    batch in one process: the mean over them)."""
+    for bx, by in batches:
+        (nn.functional.mse_loss(model(bx.to("jax")), by.to("jax")) / size).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def checkpoint(rank, size, directory):
+    """torch.distributed.checkpoint of FSDP2's sharded model and Adam's state on jax: saved
+    after two steps, loaded into a fresh sharded model (made on the meta device), which then
+    takes a third step as the original does. Rank 0 also writes the full parameters after
+    the second and the third step for ``checkpoint_reload`` (another world size)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("jax", (size,))
+    model = _sharded_model(mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    batch = [_batch(rank)]
+    for _ in range(2):
+        _adam_step(model, opt, batch, 1)
+    saved = _full_params(model)
+    msd, osd = get_state_dict(model, opt)
+    assert all(v.to_local().device.type == "jax" for v in msd.values())
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=directory)
+    _adam_step(model, opt, batch, 1)
+    continued = _full_params(model)
+    if rank == 0:
+        torch.save({"saved": saved, "continued": continued}, os.path.join(directory, "full.pt"))
+
+    fresh = _sharded_model(mesh, lazy=True)
+    fopt = torch.optim.Adam(fresh.parameters(), lr=0.01)
+    msd, osd = get_state_dict(fresh, fopt)
+    assert not any(torch.equal(p, q) for p, q in zip(_full_params(fresh), saved))
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=directory)
+    set_state_dict(fresh, fopt, model_state_dict=msd, optim_state_dict=osd)
+    for p, q in zip(_full_params(fresh), saved):
+        _same(p, q, "loaded parameter")
+    _adam_step(fresh, fopt, batch, 1)
+    for p, q in zip(_full_params(fresh), continued):
+        _same(p, q, "a step after loading")
+
+
+def checkpoint_reload(rank, size, directory):
+    """``checkpoint``'s files (two ranks' shards) loaded by one process into a plain model on
+    jax: the parameters saved, and a step on both ranks' batches as the two ranks took it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    assert size == 1
+    full = torch.load(os.path.join(directory, "full.pt"))
+    model = _model().to("jax")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    msd, osd = get_state_dict(model, opt)
+    assert not any(torch.equal(p, q) for p, q in zip(_full_params(model), full["saved"]))
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=directory)
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+    for p, q in zip(_full_params(model), full["saved"]):
+        _same(p, q, "parameter loaded on one process")
+    _adam_step(model, opt, [_batch(r) for r in range(2)], 2)
+    for p, q in zip(_full_params(model), full["continued"]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def tensor_parallel(rank, size, compiled=False):
     """DTensor tensor parallelism: a column-wise then a row-wise linear (a transformer
-    MLP's plan) on a mesh made with init_device_mesh("jax"), against one CPU process."""
+    MLP's plan) on a mesh made with init_device_mesh("jax"), against one CPU process;
+    ``compiled``: the block under torch.compile (its graphs hold the all-reduce)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -236,8 +331,9 @@ def tensor_parallel(rank, size):
     opt = torch.optim.SGD(block.parameters(), lr=0.1)
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))  # (the same batch on every rank)
+    run = torch.compile(block, backend="jax") if compiled else block
     for _ in range(3):
-        block(x.to("jax")).pow(2).mean().backward()
+        run(x.to("jax")).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
         reference(x).pow(2).mean().backward()
@@ -246,6 +342,87 @@ def tensor_parallel(rank, size):
     for (name, p), q in zip(block.named_parameters(), reference.parameters()):
         assert p.to_local().numel() < q.numel() or name == "2.bias", name  # (sharded; the row-wise bias is replicated)
         torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def compiled(rank, size):
+    """NOTE [Collectives in compiled graphs]: functional collectives in a compiled function
+    give eager's results from one XLA computation a call; a compiled tensor-parallel block
+    trains as one CPU process does, its forward and backward each one computation."""
+    import warnings
+
+    import torch.distributed._functional_collectives as funcol
+
+    import torch_jax
+
+    group = dist.group.WORLD
+
+    def f(x, w):
+        y = funcol.all_reduce(x @ w, "sum", group)
+        gathered = funcol.all_gather_single(y, 0, group)
+        scattered = funcol.reduce_scatter_single(gathered * (rank + 1), "sum", 0, group)
+        return y.sum() + 1, gathered, scattered, funcol.all_reduce(x, "max", group), funcol.all_reduce(x, "avg", group)
+
+    x = torch.arange(8.0, device="jax").reshape(2, 4) * (rank + 1)
+    w = torch.ones(4, 3, device="jax")
+    eager = f(x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_jax.FallbackWarning)  # (no graph runs op by op)
+        got = torch.compile(f, backend="jax")(x, w)
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+    assert torch_jax.stats()["compiled_graph_calls"] == 1 and "compiled_graphs_eager" not in torch_jax.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_jax.FallbackWarning)
+        tensor_parallel(rank, size, compiled=True)
+    assert torch_jax.stats()["compiled_graph_calls"] == 1 + 6  # (3 forwards, 3 backwards)
+
+
+def pipeline(rank, size):
+    """torch.distributed.pipelining: ``_model()`` cut in two stages, one a rank on jax (the
+    activations and their gradients sent between them through the group), GPipe over four
+    microbatches, three SGD steps; against one CPU process training the whole model on the
+    same microbatches (GPipe's loss is per microbatch, and it divides the gradients by the
+    number of microbatches: ``scale_grads``)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    assert size == 2
+    chunks, steps = 4, 3
+    halves = [lambda m: m[:2], lambda m: m[2:]]  # (Linear, Tanh | Linear, Tanh, Linear)
+    part = halves[rank](_model()).to("jax")
+    stage = PipelineStage(part, rank, size, torch.device("jax"))
+    schedule = ScheduleGPipe(stage, chunks, loss_fn=nn.functional.mse_loss)
+    opt = torch.optim.SGD(part.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)) for _ in range(steps)]
+    losses = []
+    for x, y in batches:
+        mine = []
+        if rank == 0:
+            schedule.step(x.to("jax"))
+        else:
+            schedule.step(target=y.to("jax"), losses=mine)
+        opt.step()
+        opt.zero_grad()
+        losses.append(mine)
+
+    reference = _model()
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for (x, y), got in zip(batches, losses):
+        want = []
+        for bx, by in zip(x.chunk(chunks), y.chunk(chunks)):
+            loss = nn.functional.mse_loss(reference(bx), by)
+            loss.backward()
+            want.append(loss.detach())
+        for p in reference.parameters():
+            p.grad.div_(chunks)
+        ropt.step()
+        ropt.zero_grad()
+        if rank == size - 1:
+            assert len(got) == chunks and all(loss.device.type == "jax" for loss in got)
+            torch.testing.assert_close(torch.stack(got).cpu(), torch.stack(want), rtol=1e-5, atol=1e-6)
+    for p, q in zip(part.parameters(), halves[rank](reference).parameters()):
+        assert p.device.type == "jax"
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
 
 def cpu_only(rank, size):
@@ -309,7 +486,8 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
     scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
-    scenarios[scenario](rank, size)
+    scenarios.update(checkpoint=checkpoint, checkpoint_reload=checkpoint_reload, pipeline=pipeline, compiled=compiled)
+    scenarios[scenario](rank, size, *sys.argv[2:])
     print(f"{rank} ok {scenario}", flush=True)
     dist.destroy_process_group()
 

@@ -14,9 +14,10 @@ import pytest
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dist_worker.py")
 
 
-def _torchrun(scenario: str, nproc: int = 2):
+def _torchrun(scenario: str, nproc: int = 2, *args: str):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (one JAX CPU device a process)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER, scenario]
+    cmd += args
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-6000:]
@@ -25,10 +26,18 @@ def _torchrun(scenario: str, nproc: int = 2):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["collectives", "ddp", "fsdp", "tensor_parallel", "cpu_only", "early", "mismatched"]
+    "scenario",
+    ["collectives", "ddp", "fsdp", "tensor_parallel", "compiled", "pipeline", "cpu_only", "early", "mismatched"],
 )
 def test_two_processes(scenario):
     _torchrun(scenario)
+
+
+def test_checkpoint_saved_by_two_processes_loads_on_two_and_on_one(tmp_path):
+    """DCP: two ranks save FSDP2's shards and Adam's state and load them back; then one
+    process loads the same files into a plain model (another world size)."""
+    _torchrun("checkpoint", 2, str(tmp_path))
+    _torchrun("checkpoint_reload", 1, str(tmp_path))
 
 
 def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():

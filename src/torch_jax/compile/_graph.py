@@ -35,6 +35,7 @@ fallback catches what is missing: that warns once per graph with the reason, is 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import warnings
@@ -47,7 +48,7 @@ from jax._src.array import ArrayImpl as _ArrayImpl
 
 from torch_jax._config import config
 from torch_jax._warnings import FallbackWarning
-from torch_jax.compile import _cache, _rules
+from torch_jax.compile import _cache, _collectives, _rules
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
@@ -224,6 +225,7 @@ class Program:
         position = {n: i for i, n in enumerate(self.placeholders)}
         self.plans = {}
         self.random = []
+        self.group = None  # the process group of the graph's collectives, if it has any
         try:
             for n in self.nodes:
                 if n.op != "call_function":
@@ -237,11 +239,18 @@ class Program:
                     continue  # (operator.getitem, SymInt arithmetic)
                 if n.target in _SIZE_OPS:
                     continue
+                if n.target in _collectives.LOWERINGS:  # NOTE [Collectives in compiled graphs]
+                    self.plans[n] = ("collective", _collectives.LOWERINGS[n.target])
+                    name = _collectives.group_of(n)
+                    if name is not None and self.group not in (None, name):
+                        raise Unsupported("collectives over more than one process group")
+                    self.group = name if name is not None else self.group
+                    continue
                 plan = plan_node(n)
                 self.plans[n] = plan
                 if plan[0] != "rule" and plan[1].random:
                     self.random.append(n)
-        except Unsupported as e:
+        except (Unsupported, _collectives.Unsupported) as e:
             self._go_eager(str(e))
 
     def _go_eager(self, reason: str) -> None:
@@ -295,6 +304,8 @@ class Program:
                 elif isinstance(a, float):
                     key.append(("f",))
                     dyn.append(a)
+                elif isinstance(a, _OPAQUE):  # (a DTensor's mesh, which the graph passes through)
+                    key.append(("o", id(a)))
                 else:
                     raise Unsupported(f"an input of type {type(a).__name__}")
         except RuntimeError as e:
@@ -308,7 +319,11 @@ class Program:
         if index < 0:
             index = _devices.current()
         key.append(index)
-        key.append(self._donated(inputs, dyn, starts, index) if self.mutated else ())
+        if self.group is not None and ("f",) in key:
+            self._go_eager("a float input beside collectives")  # (its weak type would be lost)
+            return self._run_eager(args)
+        # (an SPMD program's inputs are global arrays: nothing is donated)
+        key.append(self._donated(inputs, dyn, starts, index) if self.mutated and self.group is None else ())
         key = tuple(key)
         for _ in self.random:
             dyn.append(_devices.next_key(index))
@@ -316,7 +331,7 @@ class Program:
         if entry is None:
             try:
                 entry = self._compile(key, inputs, dyn, starts, index)
-            except Unsupported as e:
+            except (Unsupported, _collectives.Unsupported) as e:
                 self._go_eager(str(e))
                 return self._run_eager(args)
         else:
@@ -406,7 +421,16 @@ class Program:
             tail = [jnp.stack([jnp.stack([f.astype(jnp.int64), v]) for f, v, _, _ in flags])] if flags else []
             return tuple(head) + tuple(outs) + tuple(tail)
 
-        jitted = jax.jit(_compile_cache.fresh(traced), out_shardings=_devices.sharding(index), donate_argnums=key[-1])
+        if self.group is None:
+            jitted = jax.jit(
+                _compile_cache.fresh(traced), out_shardings=_devices.sharding(index), donate_argnums=key[-1]
+            )
+        else:  # NOTE [Collectives in compiled graphs]
+            backend = _collectives.backend_of(self.group)
+            mesh = backend._mesh(index)
+            found["scalar_ins"] = [np.ndim(v) == 0 for v in dyn]
+            jitted = _collectives.spmd(_compile_cache.fresh(traced), mesh, len(dyn), found)
+            dyn = _collectives.globalize(dyn, mesh, _devices.device(index))
         with _cpu_blas.in_graph():
             lowered = jitted.lower(*dyn)
         loads = _cache.hits()
@@ -416,6 +440,12 @@ class Program:
         loaded = _cache.hits() > loads
         entry = _Entry()
         entry.fn = _executor.cpp_call(compiled)
+        if self.group is not None:
+            ops = " ".join(_stats.op_name(n.target) for n in self.plans if self.plans[n][0] == "collective")
+            what = f"a torch.compile graph with {ops}"
+            entry.fn = functools.partial(
+                _collectives.call, compiled, backend, mesh, _devices.device(index), found["scalars"], what
+            )
         entry.compiled = compiled  # (its HLO: benchmarks/profile)
         entry.outs = found["layouts"]
         entry.writes = [pos for pos, _ in found["writes"]]
@@ -520,6 +550,8 @@ class Program:
         plan = self.plans[n]
         val = n.meta.get("val")
         kind = plan[0]
+        if kind == "collective":
+            return plan[1](*args, **kwargs)
         if kind == "rule":
             return plan[1](val, *_schema_args(op, args, kwargs))
         if kind == "random_factory":
@@ -558,6 +590,17 @@ class Program:
         if isinstance(result, (list, tuple)):
             result = result[0]
         return _fit(result, val, op, exact)
+
+
+def _opaque() -> tuple:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # (a torch built without distributed)
+        return ()
+    return (DeviceMesh,)
+
+
+_OPAQUE = _opaque()
 
 
 def _static(val) -> bool:

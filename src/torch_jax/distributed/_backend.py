@@ -197,7 +197,8 @@ class JaxProcessGroup(dist.ProcessGroup):
         from torch_jax.tensor import _storage
 
         index = t.device.index or 0
-        t.copy_(_storage.new_tensor(tuple(arr.shape), t.dtype, index, arr=arr))
+        with torch.no_grad():  # (a backend writes its tensors as data: a Parameter, a buffer that requires grad)
+            t.copy_(_storage.new_tensor(tuple(arr.shape), t.dtype, index, arr=arr))
 
     # ------------------------------------------------------------ collectives
 
@@ -328,9 +329,10 @@ class JaxProcessGroup(dist.ProcessGroup):
         host = [torch.empty_like(t, device="cpu") if t.device.type != "cpu" else t for t in tensors]
         work = self._gloo.recv(host, src, tag)
         work.wait()
-        for t, h in zip(tensors, host):
-            if t is not h:
-                t.copy_(h)
+        with torch.no_grad():  # (as _write)
+            for t, h in zip(tensors, host):
+                if t is not h:
+                    t.copy_(h)
         return _done(tensors)
 
 
