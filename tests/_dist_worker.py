@@ -377,6 +377,37 @@ def compiled(rank, size):
     assert torch_jax.stats()["compiled_graph_calls"] == 1 + 6  # (3 forwards, 3 backwards)
 
 
+def two_d(rank, size):
+    """A 2-D mesh of 4 processes (2 x 2, "dp" x "tp"): tensor parallelism over "tp" and
+    FSDP2 over "dp", as PyTorch's 2-D recipe; each "dp" pair trains on its own batch,
+    against one CPU process training on both."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("jax", (2, size // 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    reference = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    reference.load_state_dict(block.state_dict())
+    block = parallelize_module(block.to("jax"), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(block, mesh=mesh["dp"])
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(3 + d)) for d in range(2)]
+    mine = batches[mesh.get_local_rank("dp")]
+    for _ in range(3):
+        block(mine.to("jax")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        for b in batches:
+            (reference(b).pow(2).mean() / 2).backward()
+        ropt.step()
+        ropt.zero_grad()
+    for p, q in zip(block.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
 def pipeline(rank, size):
     """torch.distributed.pipelining: ``_model()`` cut in two stages, one a rank on jax (the
     activations and their gradients sent between them through the group), GPipe over four
@@ -487,6 +518,7 @@ def main():
     scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
     scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
     scenarios.update(checkpoint=checkpoint, checkpoint_reload=checkpoint_reload, pipeline=pipeline, compiled=compiled)
+    scenarios.update(two_d=two_d)
     scenarios[scenario](rank, size, *sys.argv[2:])
     print(f"{rank} ok {scenario}", flush=True)
     dist.destroy_process_group()

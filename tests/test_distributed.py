@@ -15,7 +15,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dist_worker.
 
 
 def _torchrun(scenario: str, nproc: int = 2, *args: str):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (one JAX CPU device a process)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (the backend sets each process's own)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER, scenario]
     cmd += args
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -31,6 +31,10 @@ def _torchrun(scenario: str, nproc: int = 2, *args: str):
 )
 def test_two_processes(scenario):
     _torchrun(scenario)
+
+
+def test_four_processes_on_a_2d_mesh():
+    _torchrun("two_d", 4)
 
 
 def test_checkpoint_saved_by_two_processes_loads_on_two_and_on_one(tmp_path):
