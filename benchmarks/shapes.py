@@ -25,6 +25,8 @@ import sys
 import time
 import warnings
 
+from benchmarks import write_report
+
 VARIANTS = {"cpu": "PyTorch CPU eager", "strict": "jax strict eager", "fused": "jax fused eager"}
 
 
@@ -279,11 +281,7 @@ def main(argv=None) -> dict | None:
     print()
     print(text)
     if not args.no_write:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "shapes.json"), "w") as f:
-            json.dump(report, f, indent=1)
-        with open(os.path.join(args.out, "shapes.md"), "w") as f:
-            f.write(text)
+        write_report(args.out, "shapes", report, text)
     return report
 
 

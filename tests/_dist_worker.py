@@ -12,17 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.bfloat16,
-    torch.float16,
-    torch.int64,
-    torch.int32,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-]
+from torch_jax.report._sweep import DTYPES  # (the device's dtypes)
 
 
 def _values(dtype, rank, shape=(3, 4)):
@@ -131,6 +121,12 @@ def collectives(rank, size):
     t = torch.full((2,), float(rank), device="jax")
     dist.all_reduce(t, group=group)
     _same(t, torch.full((2,), float(sum(range(size)))), "subgroup all_reduce")
+    from torch_jax.tensor import _storage
+
+    big = torch.ones(1 << 20, device="jax")
+    dist.all_reduce(big)
+    torch.jax.synchronize()  # (waits for the collective, as for any op)
+    assert _storage.box_of(big).arr.is_ready()
     param = nn.Parameter(torch.full((2,), float(rank), device="jax"))  # (written as data, as on the CPU)
     dist.broadcast(param, 1)
     dist.all_reduce(param)
@@ -498,6 +494,16 @@ def dead_rank(rank, size):
     os._exit(0)  # (else JAX's runtime waits at exit for the rank that died, up to the timeout, then aborts)
 
 
+def raises(rank, size):
+    """Rank 1 raises after a collective on jax while rank 0 goes on without collectives:
+    rank 1 exits at once (not waiting at exit for JAX's runtime), and torchrun stops rank 0."""
+    t = torch.ones(3, device="jax")
+    dist.all_reduce(t)
+    if rank == 1:
+        raise AssertionError("rank 1 fails on purpose")
+    time.sleep(200)
+
+
 def mismatched(rank, size):
     """Ranks that call a collective with different shapes get an error naming both."""
     t = torch.ones(3 + rank, device="jax")
@@ -518,7 +524,7 @@ def main():
     scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
     scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
     scenarios.update(checkpoint=checkpoint, checkpoint_reload=checkpoint_reload, pipeline=pipeline, compiled=compiled)
-    scenarios.update(two_d=two_d)
+    scenarios.update(two_d=two_d, raises=raises)
     scenarios[scenario](rank, size, *sys.argv[2:])
     print(f"{rank} ok {scenario}", flush=True)
     dist.destroy_process_group()

@@ -26,11 +26,13 @@ def test_autoload_registers_the_device_without_importing_jax():
         """
         import sys, torch
         print("jax" in sys.modules, "torch_jax" in sys.modules, torch._C._get_privateuse1_backend_name())
+        # (as torch.cuda.is_available() leaves CUDA alone; torch 2.14's init_process_group asks)
+        print(torch.accelerator.is_available(), torch.jax.is_available(), "jax" in sys.modules)
         x = torch.arange(3.0, device="jax")
         print(x.device, (x * 2).tolist(), "jax" in sys.modules)
         """
     )
-    assert out.splitlines() == ["False True jax", "jax:0 [0.0, 2.0, 4.0] True"]
+    assert out.splitlines() == ["False True jax", "True True False", "jax:0 [0.0, 2.0, 4.0] True"]
 
 
 def test_importing_torch_jax_before_torch():

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,6 +43,18 @@ def test_checkpoint_saved_by_two_processes_loads_on_two_and_on_one(tmp_path):
     process loads the same files into a plain model (another world size)."""
     _torchrun("checkpoint", 2, str(tmp_path))
     _torchrun("checkpoint_reload", 1, str(tmp_path))
+
+
+def test_a_rank_that_raises_ends_the_run_at_once():
+    """Under torchrun: the failing rank exits with its traceback and torchrun stops the
+    other (which takes SIGTERM: JAX's preemption service, which would keep it, is off)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", WORKER, "raises"]
+    start = time.monotonic()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "rank 1 fails on purpose" in text, text[-6000:]
+    assert time.monotonic() - start < 100, text[-6000:]  # (rank 0 would sleep 200 s)
 
 
 def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():

@@ -44,7 +44,14 @@ def _index(device=None) -> int:
 
 
 def is_available() -> bool:
-    """True when JAX imports and sees at least one device."""
+    """True when JAX sees at least one device. Before the device starts, whether JAX is
+    installed (it always has its CPU), without starting it, as torch.cuda.is_available()
+    leaves CUDA alone: PyTorch asks this early (torch 2.14's ``init_process_group`` does,
+    before JAX's distributed runtime may start; NOTE [The jax process group])."""
+    if not is_initialized():
+        import importlib.util
+
+        return importlib.util.find_spec("jax") is not None
     try:
         return _state().count() > 0
     except Exception:  # noqa: BLE001 (a broken JAX install means "not available")

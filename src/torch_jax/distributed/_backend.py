@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import zlib
 
 import torch
@@ -51,6 +52,9 @@ def start_runtime() -> None:
 
     from torch_jax.runtime import _host_memory
 
+    # (JAX's preemption service takes SIGTERM, with which torchrun stops the other ranks
+    # when one fails: the ranks would not stop; measured)
+    jax.config.update("jax_enable_preemption_service", False)
     if _host_memory.platform() == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         # as each process of a GPU host sees every GPU of it (and uses cuda:LOCAL_RANK, which
@@ -66,6 +70,7 @@ def start_runtime() -> None:
             port = s.getsockname()[1]
         store.set(_KEY, f"{host}:{port}")
     address = store.get(_KEY).decode()
+    _exit_on_uncaught_exceptions()
     # (the group's timeout bounds JAX's waits too: for a rank that stops sending heartbeats,
     # which ends the others with JAX's error, and at exit for the shutdown barrier)
     seconds = max(int(timeout.total_seconds()), 1)
@@ -77,6 +82,22 @@ def start_runtime() -> None:
         heartbeat_timeout_seconds=min(seconds, 100),
         shutdown_timeout_seconds=min(seconds, 300),
     )
+
+
+def _exit_on_uncaught_exceptions() -> None:
+    """A rank that ends with an uncaught exception exits at once, after Python prints it:
+    at exit JAX's runtime waits (up to the group's timeout) for every rank to end, so a
+    failing rank would stay alive while the others wait for it at their next collective,
+    where torchrun, seeing it exit, stops them. (atexit handlers do not run then.)"""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    sys.excepthook = excepthook
 
 
 def _done(result=None):
@@ -117,6 +138,16 @@ class JaxProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"JaxProcessGroup(rank={self._rank}, size={self._size})"
 
+    def _get_backend(self, device):
+        """The backend for ``device``'s tensors (torch 2.14's ``batch_isend_irecv`` asks any
+        group): this group for jax, the gloo group it holds for the CPU."""
+        kind = torch.device(device).type
+        if kind == "cpu":
+            return self._gloo
+        if kind == "jax":
+            return self
+        raise RuntimeError(f"No backend type associated with device type {kind}")
+
     # ------------------------------------------------------------ the mesh
 
     def _mesh(self, index: int):
@@ -151,6 +182,7 @@ class JaxProcessGroup(dist.ProcessGroup):
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
+        from torch_jax.device import _state
         from torch_jax.runtime import _copy
 
         index = t.device.index or 0
@@ -162,6 +194,7 @@ class JaxProcessGroup(dist.ProcessGroup):
         sharding = NamedSharding(mesh, P("r"))
         whole = jax.make_array_from_single_device_arrays((self._size,) + local.shape[1:], sharding, [local])
         out = _collective(mesh, kind, *extra)(whole)
+        _state.last[index] = out  # (what torch.jax.synchronize() waits for, as for any op)
         return out.addressable_data(0)
 
     def _check(self, what: str) -> None:
@@ -194,9 +227,11 @@ class JaxProcessGroup(dist.ProcessGroup):
             )
 
     def _write(self, t: torch.Tensor, arr) -> None:
+        from torch_jax.device import _state
         from torch_jax.tensor import _storage
 
         index = t.device.index or 0
+        _state.last[index] = arr  # (synchronize() waits for it; a copy_ that runs an op replaces it with its own)
         with torch.no_grad():  # (a backend writes its tensors as data: a Parameter, a buffer that requires grad)
             t.copy_(_storage.new_tensor(tuple(arr.shape), t.dtype, index, arr=arr))
 
