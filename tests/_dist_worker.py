@@ -354,8 +354,10 @@ def compiled(rank, size):
 
     def f(x, w):
         y = funcol.all_reduce(x @ w, "sum", group)
-        gathered = funcol.all_gather_single(y, 0, group)
-        scattered = funcol.reduce_scatter_single(gathered * (rank + 1), "sum", 0, group)
+        # (their names before torch 2.13: all_gather_tensor, reduce_scatter_tensor)
+        gathered = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)(y, 0, group)
+        scatter = getattr(funcol, "reduce_scatter_single", funcol.reduce_scatter_tensor)
+        scattered = scatter(gathered * (rank + 1), "sum", 0, group)
         return y.sum() + 1, gathered, scattered, funcol.all_reduce(x, "max", group), funcol.all_reduce(x, "avg", group)
 
     x = torch.arange(8.0, device="jax").reshape(2, 4) * (rank + 1)
@@ -366,11 +368,16 @@ def compiled(rank, size):
         got = torch.compile(f, backend="jax")(x, w)
     for a, b in zip(got, eager):
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
-    assert torch_jax.stats()["compiled_graph_calls"] == 1 and "compiled_graphs_eager" not in torch_jax.stats()
+    # (one graph on torch 2.13 and 2.14; Dynamo breaks it in three on 2.11): each graph ran
+    # once as one computation, none op by op
+    stats = {k: v for k, v in torch_jax.stats().items() if "compiled_graph" in k}
+    made = stats.get("compiled_graph_compiles", 0) + stats.get("compiled_graph_loads", 0)
+    assert stats["compiled_graph_calls"] == made and "compiled_graphs_eager" not in stats, stats
     with warnings.catch_warnings():
         warnings.simplefilter("error", torch_jax.FallbackWarning)
         tensor_parallel(rank, size, compiled=True)
-    assert torch_jax.stats()["compiled_graph_calls"] == 1 + 6  # (3 forwards, 3 backwards)
+    stats = torch_jax.stats()
+    assert stats["compiled_graph_calls"] >= made + 6 and "compiled_graphs_eager" not in stats  # (3 steps)
 
 
 def two_d(rank, size):

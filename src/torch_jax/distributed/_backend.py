@@ -353,6 +353,11 @@ class JaxProcessGroup(dist.ProcessGroup):
         self._write(out, rows[opts.rootRank, self._rank])
         return _done(outputs)
 
+    # (the names torch 2.11 and 2.12 call them by)
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    alltoall_base = all_to_all_single
+
     def barrier(self, opts=None):
         return self._gloo.barrier()
 
