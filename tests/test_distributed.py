@@ -15,7 +15,19 @@ import pytest
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dist_worker.py")
 
 
+def _skip_without_devices(nproc: int) -> None:
+    """On the CPU each process gets a device of its own (NOTE [The jax process group]); on
+    a GPU each needs one, as with NCCL."""
+    import jax
+
+    if jax.default_backend() != "cpu" and jax.local_device_count() < nproc:
+        pytest.skip(
+            f"{nproc} processes need {nproc} {jax.default_backend()} devices; JAX sees {jax.local_device_count()}"
+        )
+
+
 def _torchrun(scenario: str, nproc: int = 2, *args: str):
+    _skip_without_devices(nproc)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (the backend sets each process's own)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER, scenario]
     cmd += args
@@ -48,6 +60,7 @@ def test_checkpoint_saved_by_two_processes_loads_on_two_and_on_one(tmp_path):
 def test_a_rank_that_raises_ends_the_run_at_once():
     """Under torchrun: the failing rank exits with its traceback and torchrun stops the
     other (which takes SIGTERM: JAX's preemption service, which would keep it, is off)."""
+    _skip_without_devices(2)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", WORKER, "raises"]
     start = time.monotonic()
@@ -59,6 +72,7 @@ def test_a_rank_that_raises_ends_the_run_at_once():
 
 def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
     """Started by hand, not by torchrun (whose agent would stop the other rank itself)."""
+    _skip_without_devices(2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
