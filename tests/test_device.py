@@ -173,6 +173,10 @@ def test_to_jax_without_an_index_goes_to_the_current_device():
         assert t.device == torch.device("jax:1"), what
     assert made["to device="].dtype == torch.float64 and made["to"].tolist() == [0.0, 1.0, 2.0]
     assert x.to("jax").device == torch.device("jax:0")  # (current again)
+    assert torch.Tensor.to is torch._C.TensorBase.to  # (PyTorch's own again)
+    with torch.jax.device(1):  # (a lazy module moved while another device is current)
+        lazy = torch.nn.LazyLinear(3).to("jax")
+        assert lazy(torch.ones(2, 4, device="jax")).device == torch.device("jax:1")
 
 
 @pytest.mark.two_devices

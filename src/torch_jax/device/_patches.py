@@ -209,22 +209,28 @@ def _wrap_setup_devices(training_args) -> None:
     cls._setup_devices = wrapped
 
 
-_filling = False
+_originals: dict = {}  # while filled in: (owner, name) -> what PyTorch had there
 
 
-def fill_current_device() -> None:
+def fill_current_device(on: bool) -> None:
     """NOTE [The current device in .to("jax")]: ``tensor.to("jax")`` (and ``Module.to``,
     ``torch.tensor(..., device="jax")``, ``torch.as_tensor``) must go to the current jax
     device, as ``.to("cuda")`` goes to ``torch.cuda.current_device()``. PyTorch fills in a
     missing index from the backend's device guard before any kernel sees it, and a Python
-    backend's guard always answers device 0. So once a program makes another device
-    current (``torch.jax.set_device(1)``, ``with torch.jax.device(1)``, DeviceMesh under
-    torchrun), those four fill in the current index themselves; until then nothing is
-    wrapped and they cost what they cost."""
-    global _filling
-    if _filling:
+    backend's guard always answers device 0. So while another device is current
+    (``torch.jax.set_device(1)``, ``with torch.jax.device(1)``, DeviceMesh under torchrun),
+    those three are wrapped to fill in the current index themselves (``on``); with device 0
+    current again PyTorch's own are back. The wrapper of ``Tensor.to`` joins the methods an
+    uninitialized (lazy) parameter allows, which PyTorch lists by identity."""
+    if on == bool(_originals):
         return
-    _filling = True
+    if not on:
+        for (owner, name), original in _originals.items():
+            setattr(owner, name, original)
+        allowed = torch.nn.parameter.UninitializedTensorMixin._allowed_methods
+        allowed[:] = [m for m in allowed if not getattr(m, "_torch_jax_fill", False)]
+        _originals.clear()
+        return
     from torch_jax.device import _state
 
     def fill(device):
@@ -242,7 +248,10 @@ def fill_current_device() -> None:
             kwargs["device"] = fill(kwargs["device"])
         return to(self, *args, **kwargs)
 
+    to_current._torch_jax_fill = True
+    _originals[(torch.Tensor, "to")] = to
     torch.Tensor.to = to_current
+    torch.nn.parameter.UninitializedTensorMixin._allowed_methods.append(to_current)
     for name in ("tensor", "as_tensor"):
         make = getattr(torch, name)
 
@@ -252,4 +261,5 @@ def fill_current_device() -> None:
                 kwargs["device"] = fill(kwargs["device"])
             return _make(data, *args, **kwargs)
 
+        _originals[(torch, name)] = make
         setattr(torch, name, make_current)

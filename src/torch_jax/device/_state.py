@@ -57,10 +57,9 @@ def set_current(index: int) -> None:
     global _current
     device(index)
     _current = index
-    if index != 0:
-        from torch_jax.device import _patches
+    from torch_jax.device import _patches
 
-        _patches.fill_current_device()  # NOTE [The current device in .to("jax")]
+    _patches.fill_current_device(index != 0)  # NOTE [The current device in .to("jax")]
 
 
 def index_of(dev) -> int:

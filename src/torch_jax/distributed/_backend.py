@@ -6,9 +6,10 @@ program JAX compiles for each). JAX's distributed runtime must start before JAX'
 backend does, so creating the group only records its store, rank and size; the device,
 when it first starts (``torch_jax.initialize``), starts JAX's runtime first, from the
 same rendezvous: rank 0 picks a free port beside ``MASTER_ADDR`` and tells the others
-through the group's store. On the CPU each process gets ``LOCAL_WORLD_SIZE`` CPU devices,
-as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``'s. A program that used the device before
-``init_process_group`` gets a clear error at its first collective on ``jax``.
+through the group's store. On the CPU each process gets ``LOCAL_WORLD_SIZE`` CPU
+devices, as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``'s. A
+program that used the device before ``init_process_group`` gets a clear error at its
+first collective on ``jax``.
 
 Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
 row ``r`` of an array sharded over a mesh of one device per rank: the device of the

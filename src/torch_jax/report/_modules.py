@@ -54,6 +54,12 @@ MODULE_TOLERANCE = {
     # 0.23 to 7.3 in strict mode and 0.18 to 21 in fused mode (at 2e-5 or less): rounding,
     # not a less accurate formulation
     ("nn.MultiheadAttention", torch.float32): (1e-5, 5e-5),
+    # weight's gradient sums over the batch and three spatial dims: on an AMD EPYC machine
+    # (2026-12-05) XLA's reduction put ours 2.2e-5 from float64 at seed 0's sample 0, at an
+    # element of 46.6 (4.7e-7 of it, a few ulp), where the CPU's was 5.7e-6 off; seeds 1-5
+    # were within 1e-5, and the Intel machine of earlier runs passed at seed 0: summation
+    # order, as for MultiheadAttention
+    ("nn.BatchNorm3d", torch.float32): (1e-5, 3e-5),  # (keyed by the module: train mode shares it)
 }
 
 RANDOMNESS = {
