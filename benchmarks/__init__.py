@@ -11,3 +11,24 @@ def write_report(out: str, name: str, report: dict, text: str) -> None:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(text)
+
+
+def machine() -> dict:
+    """The date, versions and CPU a report's numbers come from."""
+    import datetime
+    import os
+
+    import jax
+    import torch
+
+    import torch_jax
+    from torch_jax._config import cpuinfo
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "torch_jax": torch_jax.__version__,
+        "cpus": os.cpu_count(),
+        "cpu_model": cpuinfo("model name") or "?",
+    }

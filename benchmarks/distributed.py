@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import write_report
+from benchmarks import machine, write_report
 
 KIB = 1024
 SIZES = [4 * KIB, 64 * KIB, 1024 * KIB, 16384 * KIB]
@@ -267,7 +267,6 @@ def worker(result_path: str, quick: bool, repeats: int) -> None:
     import torch.distributed as dist
 
     import torch_jax
-    from torch_jax._config import cpuinfo
 
     # (a bound on every wait: a rank that fails leaves the others waiting at their next collective)
     dist.init_process_group(timeout=datetime.timedelta(seconds=300))
@@ -288,12 +287,7 @@ def worker(result_path: str, quick: bool, repeats: int) -> None:
 
     report = {
         "meta": {
-            "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__,
-            "jax": jax.__version__,
-            "torch_jax": torch_jax.__version__,
-            "cpus": os.cpu_count(),
-            "cpu_model": cpuinfo("model name") or "?",
+            **machine(),
             "world_size": size,
             "torch_threads": torch.get_num_threads(),
             "jax_devices": [str(d) for d in jax.devices()],

@@ -16,7 +16,6 @@ tokens are the reference; the report says how far each variant's are from them.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -25,7 +24,7 @@ import sys
 import time
 import warnings
 
-from benchmarks import write_report
+from benchmarks import machine, write_report
 
 VARIANTS = {"cpu": "PyTorch CPU eager", "strict": "jax strict eager", "fused": "jax fused eager"}
 
@@ -173,20 +172,10 @@ def _agreement(program: str, result, reference) -> str:
 
 def run(sizes: dict, variants: list[str], timeout: float = 3600.0) -> dict:
     """Every program under every variant, each in its own process; the CPU's first."""
-    import jax
-    import torch
-
-    import torch_jax
-    from torch_jax._config import cpuinfo
 
     report = {
         "meta": {
-            "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__,
-            "jax": jax.__version__,
-            "torch_jax": torch_jax.__version__,
-            "cpus": os.cpu_count(),
-            "cpu_model": cpuinfo("model name") or "?",
+            **machine(),
             "max_map_count": _max_map_count(),
         },
         "results": {},
