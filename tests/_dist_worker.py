@@ -1,5 +1,6 @@
-"""Run by tests/test_distributed.py under torchrun: one scenario a launch; each rank
-checks its own results and prints ``RANK ok SCENARIO`` (a failed check raises)."""
+"""Run by tests/test_distributed.py under torchrun: the scenarios named (comma-separated)
+one after another in one launch; each rank checks its own results and prints
+``RANK ok SCENARIO`` after each (a failed check raises)."""
 
 from __future__ import annotations
 
@@ -134,14 +135,54 @@ def collectives(rank, size):
     dist.barrier()
 
 
+VOCAB, WIDTH, HEADS, LENGTH = 32, 16, 4, 8
+
+
+class _Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention and an MLP (q, k, v and up are
+    the column-wise layers of tensor parallelism's plan, o and down the row-wise ones; the
+    heads a rank holds are the columns it has)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.q, self.v, self.o = (nn.Linear(WIDTH, WIDTH) for _ in range(3))
+        # (no bias for k: its gradient is zero but for rounding, since softmax ignores what
+        # it adds to each query's scores; Adam's steps would scale that rounding up)
+        self.k = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.norm1(x)
+        q, k, v = (f(h).view(b, t, -1, WIDTH // HEADS).transpose(1, 2) for f in (self.q, self.k, self.v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+
+TP_PLAN = ("q", "k", "v", "o", "up", "down")
+
+
+def _tp_plan():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {name: RowwiseParallel() if name in ("o", "down") else ColwiseParallel() for name in TP_PLAN}
+
+
 def _model():
+    """A small transformer language model: embedding, two blocks, norm, head."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    return nn.Sequential(nn.Embedding(VOCAB, WIDTH), _Block(), _Block(), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB))
 
 
-def _batch(rank):
+def _loss(logits, targets):
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _batch(rank, batch=4):
     g = torch.Generator().manual_seed(7 + rank)
-    return torch.randn(6, 8, generator=g), torch.randn(6, 1, generator=g)
+    return torch.randint(0, VOCAB, (batch, LENGTH), generator=g), torch.randint(0, VOCAB, (batch, LENGTH), generator=g)
 
 
 def ddp(rank, size):
@@ -154,8 +195,8 @@ def ddp(rank, size):
     for step in range(3):
         if step == 1:
             with model.no_sync():  # (gradients accumulate locally, then sync with the next step)
-                nn.functional.mse_loss(model(x.to("jax")), y.to("jax")).backward()
-        loss = nn.functional.mse_loss(model(x.to("jax")), y.to("jax"))
+                _loss(model(x.to("jax")), y.to("jax")).backward()
+        loss = _loss(model(x.to("jax")), y.to("jax"))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -165,11 +206,60 @@ def ddp(rank, size):
     for step in range(3):
         for _ in range(2 if step == 1 else 1):
             for bx, by in batches:
-                (nn.functional.mse_loss(reference(bx), by) / size).backward()
+                (_loss(reference(bx), by) / size).backward()
         ropt.step()
         ropt.zero_grad()
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+class _Branches(nn.Module):
+    """A trunk and three heads: each rank uses its own head, and no rank uses ``never``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.heads, self.never = (
+            nn.Linear(8, 8),
+            nn.ModuleList(nn.Linear(8, 1) for _ in range(2)),
+            nn.Linear(8, 1),
+        )
+
+    def forward(self, x, head):
+        return self.heads[head](torch.tanh(self.trunk(x)))
+
+
+def ddp_unused(rank, size):
+    """DDP with ``find_unused_parameters=True``, then ``static_graph=True`` (NOTE [DDP's
+    unused parameters on jax]): each rank uses its own head and no rank ``never``; AdamW
+    (whose weight decay moves a parameter only where it has a gradient) against one CPU
+    process training on both ranks' losses: a head one rank used gets half its gradient,
+    ``never`` keeps ``grad`` None and its values."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    assert size == 2
+    batches = [
+        (torch.randn(6, 8, generator=g), torch.randn(6, 1, generator=g))
+        for g in (torch.Generator().manual_seed(s) for s in (7, 8))
+    ]
+    for options in ({"find_unused_parameters": True}, {"static_graph": True}):
+        model = DDP(_Branches().to("jax"), bucket_cap_mb=0.0001, **options)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        x, y = batches[rank]
+        for _ in range(3):
+            nn.functional.mse_loss(model(x.to("jax"), rank), y.to("jax")).backward()
+            assert model.module.never.weight.grad is None and model.module.heads[rank].weight.grad is not None
+            opt.step()
+            opt.zero_grad()
+        reference = _Branches()
+        ropt = torch.optim.AdamW(reference.parameters(), lr=0.1)
+        for _ in range(3):
+            for r, (bx, by) in enumerate(batches):
+                (nn.functional.mse_loss(reference(bx, r), by) / size).backward()
+            ropt.step()
+            ropt.zero_grad()
+        for (name, p), q in zip(model.module.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=f"{options} {name}")
 
 
 def _reference(size, steps):
@@ -179,7 +269,7 @@ def _reference(size, steps):
     batches = [_batch(r) for r in range(size)]
     for _ in range(steps):
         for bx, by in batches:
-            (nn.functional.mse_loss(reference(bx), by) / size).backward()
+            (_loss(reference(bx), by) / size).backward()
         opt.step()
         opt.zero_grad()
     return reference
@@ -194,13 +284,13 @@ def fsdp(rank, size):
     mesh = init_device_mesh("jax", (size,))
     model = _model().to("jax")
     for layer in model:
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, _Block):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = _batch(rank)
     for _ in range(3):
-        nn.functional.mse_loss(model(x.to("jax")), y.to("jax")).backward()
+        _loss(model(x.to("jax")), y.to("jax")).backward()
         opt.step()
         opt.zero_grad()
     reference = _reference(size, 3)
@@ -211,13 +301,13 @@ def fsdp(rank, size):
     with torch.device("meta"):
         lazy = _model()
     for layer in lazy:
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, _Block):
             fully_shard(layer, mesh=mesh)
     fully_shard(lazy, mesh=mesh)
     lazy.to_empty(device="jax")
     for p in lazy.parameters():
         nn.init.normal_(p.to_local(), std=0.1)  # (each rank its shard)
-    nn.functional.mse_loss(lazy(x.to("jax")), y.to("jax")).backward()
+    _loss(lazy(x.to("jax")), y.to("jax")).backward()
     assert all(p.grad is not None and p.grad.to_local().device.type == "jax" for p in lazy.parameters())
 
 
@@ -232,7 +322,7 @@ def _sharded_model(mesh, lazy=False):
     else:
         model = _model().to("jax")
     for layer in model:
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, _Block):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if lazy:
@@ -248,7 +338,7 @@ def _adam_step(model, opt, batches, size):
     """One Adam step on the mean of the batches' losses (each batch a rank's, or every rank's
     batch in one process: the mean over them)."""
     for bx, by in batches:
-        (nn.functional.mse_loss(model(bx.to("jax")), by.to("jax")) / size).backward()
+        (_loss(model(bx.to("jax")), by.to("jax")) / size).backward()
     opt.step()
     opt.zero_grad()
 
@@ -311,22 +401,44 @@ def checkpoint_reload(rank, size, directory):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def tensor_parallel(rank, size, compiled=False):
-    """DTensor tensor parallelism: a column-wise then a row-wise linear (a transformer
-    MLP's plan) on a mesh made with init_device_mesh("jax"), against one CPU process;
-    ``compiled``: the block under torch.compile (its graphs hold the all-reduce)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def _tp_block(mesh):
+    """A ``_Block`` with tensor parallelism's plan over ``mesh``, and the same block on the CPU.
+    (The norms' parameters stay plain tensors beside the others' DTensors: an optimizer
+    step that takes them in one foreach kernel fails, on CUDA as here, with PyTorch's
+    "mixed torch.Tensor and DTensor" error; the steps of these tests take ``foreach=False``.)"""
+    from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = init_device_mesh("jax", (size,))
     torch.manual_seed(0)
-    block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-    reference = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    block, reference = _Block(), _Block()
     reference.load_state_dict(block.state_dict())
-    block = parallelize_module(block.to("jax"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    return parallelize_module(block.to("jax"), mesh, _tp_plan()), reference
+
+
+def _same_as_reference(block, reference):
+    """The parallel block's parameters (the planned layers' DTensors, sharded but for the
+    row-wise biases; the norms' plain tensors) against the CPU block's."""
+    from torch.distributed.tensor import DTensor
+
+    for (name, p), q in zip(block.named_parameters(), reference.parameters()):
+        layer = name.split(".")[0]
+        assert isinstance(p, DTensor) == (layer in TP_PLAN), name
+        if layer in TP_PLAN and name not in ("o.bias", "down.bias"):
+            assert p.to_local().numel() < q.numel(), name
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        torch.testing.assert_close(full.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def tensor_parallel(rank, size, compiled=False):
+    """DTensor tensor parallelism on a transformer block (``_Block``, PyTorch's plan:
+    q, k, v and up column-wise, o and down row-wise) on a mesh made with
+    init_device_mesh("jax"), against one CPU process; ``compiled``: the block under
+    torch.compile (its graphs hold the collectives)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    block, reference = _tp_block(init_device_mesh("jax", (size,)))
+    opt = torch.optim.SGD(block.parameters(), lr=0.1, foreach=False)  # (NOTE in _tp_block)
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))  # (the same batch on every rank)
+    x = torch.randn(2, LENGTH, WIDTH, generator=torch.Generator().manual_seed(3))  # (the same batch on every rank)
     run = torch.compile(block, backend="jax") if compiled else block
     for _ in range(3):
         run(x.to("jax")).pow(2).mean().backward()
@@ -335,9 +447,7 @@ def tensor_parallel(rank, size, compiled=False):
         reference(x).pow(2).mean().backward()
         ropt.step()
         ropt.zero_grad()
-    for (name, p), q in zip(block.named_parameters(), reference.parameters()):
-        assert p.to_local().numel() < q.numel() or name == "2.bias", name  # (sharded; the row-wise bias is replicated)
-        torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    _same_as_reference(block, reference)
 
 
 def compiled(rank, size):
@@ -381,23 +491,18 @@ def compiled(rank, size):
 
 
 def two_d(rank, size):
-    """A 2-D mesh of 4 processes (2 x 2, "dp" x "tp"): tensor parallelism over "tp" and
-    FSDP2 over "dp", as PyTorch's 2-D recipe; each "dp" pair trains on its own batch,
-    against one CPU process training on both."""
+    """A 2-D mesh of 4 processes (2 x 2, "dp" x "tp"): tensor parallelism of a transformer
+    block over "tp" and FSDP2 over "dp", as PyTorch's 2-D recipe; each "dp" pair trains on
+    its own batch, against one CPU process training on both."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("jax", (2, size // 2), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)
-    block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-    reference = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-    reference.load_state_dict(block.state_dict())
-    block = parallelize_module(block.to("jax"), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    block, reference = _tp_block(mesh["tp"])
     fully_shard(block, mesh=mesh["dp"])
     opt = torch.optim.SGD(block.parameters(), lr=0.1)
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(3 + d)) for d in range(2)]
+    batches = [torch.randn(2, LENGTH, WIDTH, generator=torch.Generator().manual_seed(3 + d)) for d in range(2)]
     mine = batches[mesh.get_local_rank("dp")]
     for _ in range(3):
         block(mine.to("jax")).pow(2).mean().backward()
@@ -412,7 +517,7 @@ def two_d(rank, size):
 
 
 def pipeline(rank, size):
-    """torch.distributed.pipelining: ``_model()`` cut in two stages, one a rank on jax (the
+    """torch.distributed.pipelining: the transformer (``_model()``) cut in two stages, one a rank on jax (the
     activations and their gradients sent between them through the group), GPipe over four
     microbatches, three SGD steps; against one CPU process training the whole model on the
     same microbatches (GPipe's loss is per microbatch, and it divides the gradients by the
@@ -421,13 +526,13 @@ def pipeline(rank, size):
 
     assert size == 2
     chunks, steps = 4, 3
-    halves = [lambda m: m[:2], lambda m: m[2:]]  # (Linear, Tanh | Linear, Tanh, Linear)
+    halves = [lambda m: m[:2], lambda m: m[2:]]  # (embedding, block | block, norm, head)
     part = halves[rank](_model()).to("jax")
     stage = PipelineStage(part, rank, size, torch.device("jax"))
-    schedule = ScheduleGPipe(stage, chunks, loss_fn=nn.functional.mse_loss)
+    schedule = ScheduleGPipe(stage, chunks, loss_fn=_loss)
     opt = torch.optim.SGD(part.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(11)
-    batches = [(torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)) for _ in range(steps)]
+    batches = [tuple(torch.randint(0, VOCAB, (8, LENGTH), generator=g) for _ in range(2)) for _ in range(steps)]
     losses = []
     for x, y in batches:
         mine = []
@@ -444,7 +549,7 @@ def pipeline(rank, size):
     for (x, y), got in zip(batches, losses):
         want = []
         for bx, by in zip(x.chunk(chunks), y.chunk(chunks)):
-            loss = nn.functional.mse_loss(reference(bx), by)
+            loss = _loss(reference(bx), by)
             loss.backward()
             want.append(loss.detach())
         for p in reference.parameters():
@@ -528,12 +633,19 @@ def main():
         torch.ones(1, device="jax")  # (the device starts here, JAX with it)
     dist.init_process_group(timeout=datetime.timedelta(seconds=15) if scenario == "dead_rank" else None)
     rank, size = dist.get_rank(), dist.get_world_size()
-    scenarios = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "tensor_parallel": tensor_parallel}
+    scenarios = {
+        "collectives": collectives,
+        "ddp": ddp,
+        "ddp_unused": ddp_unused,
+        "fsdp": fsdp,
+        "tensor_parallel": tensor_parallel,
+    }
     scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
     scenarios.update(checkpoint=checkpoint, checkpoint_reload=checkpoint_reload, pipeline=pipeline, compiled=compiled)
     scenarios.update(two_d=two_d, raises=raises)
-    scenarios[scenario](rank, size, *sys.argv[2:])
-    print(f"{rank} ok {scenario}", flush=True)
+    for name in scenario.split(","):  # (several a launch: one start of torchrun, torch and JAX)
+        scenarios[name](rank, size, *sys.argv[2:])
+        print(f"{rank} ok {name}", flush=True)
     dist.destroy_process_group()
 
 

@@ -17,6 +17,13 @@ def install() -> None:
 
     _patches.on_import("torch.distributed.distributed_c10d", _register)
     _patches.on_import("torch.distributed.fsdp._fully_shard._fsdp_param", _fsdp_storages)
+    _patches.on_import("torch.nn.parallel.distributed", _ddp_reducer)
+
+
+def _ddp_reducer(module) -> None:
+    from torch_jax.distributed import _ddp
+
+    _ddp.install(module)
 
 
 def _fsdp_storages(module) -> None:
