@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -198,8 +199,10 @@ def test_entry_point_timeout_and_a_dying_process(tmp_path, monkeypatch, capfd):
     assert [r["status"] for r in record["runs"]] == ["timeout", "timeout"] and record["verdict"] == "error"
     assert record["runs"][0]["error"]["type"] == "Timeout" and record["runs"][0]["returncode"] is None
     lines = capfd.readouterr().err.splitlines()
-    assert (
-        "[doctor] reference on cpu: running" in lines and "[doctor] strict on jax: timeout in 4.0 s, 0 steps" in lines
+    assert "[doctor] reference on cpu: running" in lines
+    # (the time the run took: 4 s and up to the next check, a second later, and a loaded machine's delay)
+    assert any(re.fullmatch(r"\[doctor\] strict on jax: timeout in [4-6]\.\d s, 0 steps", line) for line in lines), (
+        lines
     )
     assert "[doctor] strict on jax: 2 s, 0 steps" in lines  # (a line while it runs)
 
