@@ -90,6 +90,16 @@ def collectives(rank, size):
             dist.all_to_all_single(want, big)
             dist.all_to_all_single(got, big.to("jax"))
             _same(got, want, f"all_to_all_single {dtype}")
+            # uneven splits (as a mixture of experts sends tokens): rank r sends r + 1 + s rows
+            # to rank s
+            sends = [rank + 1 + s for s in range(size)]
+            receives = [r + 1 + rank for r in range(size)]
+            rows = _values(dtype, rank, (sum(sends), 2))
+            want = torch.empty(sum(receives), 2, dtype=dtype)
+            got = torch.empty(sum(receives), 2, dtype=dtype, device="jax")
+            dist.all_to_all_single(want, rows, receives, sends)
+            dist.all_to_all_single(got, rows.to("jax"), receives, sends)
+            _same(got, want, f"all_to_all_single with uneven splits {dtype}")
         if dtype is torch.float32:
             want, got = x.clone(), x.to("jax")
             dist.reduce(want, 0)

@@ -316,13 +316,41 @@ class JaxProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if input.device.type == "cpu":
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-        if output_split_sizes or input_split_sizes:
-            even = input.shape[0] // self._size
-            if any(s != even for s in list(output_split_sizes) + list(input_split_sizes)):
-                raise NotImplementedError("torch_jax: all_to_all_single with uneven splits on jax")
-        chunks = input.reshape((self._size, input.shape[0] // self._size) + tuple(input.shape[1:]))
+        even = input.shape[0] // self._size
+        sends, receives = list(input_split_sizes) or [even] * self._size, list(output_split_sizes) or None
+        if receives is not None and any(n != even for n in sends + receives):
+            return self._all_to_all_uneven(output, input, sends, receives)
+        chunks = input.reshape((self._size, even) + tuple(input.shape[1:]))
         rows = self._run("gather", chunks)[0]  # (rank, chunk, ...): what every rank sends
         self._write(output, rows[:, self._rank].reshape(output.shape))
+        return _done(output)
+
+    def _all_to_all_uneven(self, output, input, sends, receives):
+        """Uneven splits: every rank's chunks padded to one length, the longest chunk of any
+        rank rounded up to a power of two (found through gloo; the rounding bounds the
+        compilations when the splits change every step, as a mixture of experts' do), then
+        the even exchange, and each received chunk cut to its length."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        from torch_jax.runtime import _copy
+        from torch_jax.tensor import _storage
+
+        longest = torch.tensor([max(sends)], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([longest], opts).wait()
+        length = 1 << (max(int(longest), 1) - 1).bit_length()
+        starts = np.cumsum([0] + sends[:-1])
+        rows = [s + j if j < n else -1 for s, n in zip(starts, sends) for j in range(length)]
+        local = _copy.logical_array(input, "collective")
+        padded = jnp.take(local, jnp.asarray(rows, dtype=np.int32), axis=0, mode="fill", fill_value=0)
+        padded = padded.reshape((self._size, length) + local.shape[1:])
+        chunks = _storage.new_tensor(tuple(padded.shape), input.dtype, input.device.index or 0, arr=padded)
+        got = self._run("gather", chunks)[0][:, self._rank]  # (source rank, length, ...)
+        keep = [r * length + j for r, n in enumerate(receives) for j in range(n)]
+        flat = got.reshape((self._size * length,) + got.shape[2:])
+        self._write(output, jnp.take(flat, jnp.asarray(keep, dtype=np.int32), axis=0))
         return _done(output)
 
     def alltoall(self, outputs, inputs, opts=None):
