@@ -195,30 +195,44 @@ def _batch(rank, batch=4):
     return torch.randint(0, VOCAB, (batch, LENGTH), generator=g), torch.randint(0, VOCAB, (batch, LENGTH), generator=g)
 
 
+def _same_losses(losses, want, what):
+    """The mean over the ranks of each step's loss (``losses``, on jax) against ``want``, one
+    CPU process's losses of the same steps."""
+    got = torch.stack(losses)
+    dist.all_reduce(got, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(got.cpu(), torch.tensor(want), rtol=1e-5, atol=1e-6, msg=f"{what}'s losses")
+
+
 def ddp(rank, size):
-    """DDP on jax against one process on the CPU training on every rank's batch."""
+    """DDP on jax against one process on the CPU training on every rank's batch: the
+    losses of each step (the ranks' mean) and the final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(_model().to("jax"), bucket_cap_mb=0.0001)  # (several buckets)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = _batch(rank)
+    losses = []
     for step in range(3):
         if step == 1:
             with model.no_sync():  # (gradients accumulate locally, then sync with the next step)
                 _loss(model(x.to("jax")), y.to("jax")).backward()
         loss = _loss(model(x.to("jax")), y.to("jax"))
         loss.backward()
+        losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
     reference = _model()
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
     batches = [_batch(r) for r in range(size)]
+    want = []
     for step in range(3):
         for _ in range(2 if step == 1 else 1):
-            for bx, by in batches:
-                (_loss(reference(bx), by) / size).backward()
+            mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
+            mean.backward()
+        want.append(mean.item())
         ropt.step()
         ropt.zero_grad()
+    _same_losses(losses, want, "DDP")
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
@@ -273,16 +287,19 @@ def ddp_unused(rank, size):
 
 
 def _reference(size, steps):
-    """One CPU process training ``_model()`` on every rank's batch (the mean of the ranks' losses)."""
+    """One CPU process training ``_model()`` on every rank's batch (the mean of the ranks'
+    losses): the model and each step's loss."""
     reference = _model()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     batches = [_batch(r) for r in range(size)]
+    losses = []
     for _ in range(steps):
-        for bx, by in batches:
-            (_loss(reference(bx), by) / size).backward()
+        mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
+        mean.backward()
+        losses.append(mean.item())
         opt.step()
         opt.zero_grad()
-    return reference
+    return reference, losses
 
 
 def fsdp(rank, size):
@@ -299,11 +316,15 @@ def fsdp(rank, size):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = _batch(rank)
+    losses = []
     for _ in range(3):
-        _loss(model(x.to("jax")), y.to("jax")).backward()
+        loss = _loss(model(x.to("jax")), y.to("jax"))
+        loss.backward()
+        losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-    reference = _reference(size, 3)
+    reference, want = _reference(size, 3)
+    _same_losses(losses, want, "FSDP2")
     for p, q in zip(model.parameters(), reference.parameters()):
         assert p.to_local().device.type == "jax" and p.to_local().shape[0] <= -(-q.shape[0] // size)
         torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
@@ -450,13 +471,19 @@ def tensor_parallel(rank, size, compiled=False):
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
     x = torch.randn(2, LENGTH, WIDTH, generator=torch.Generator().manual_seed(3))  # (the same batch on every rank)
     run = torch.compile(block, backend="jax") if compiled else block
+    losses, want = [], []
     for _ in range(3):
-        run(x.to("jax")).pow(2).mean().backward()
+        loss = run(x.to("jax")).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-        reference(x).pow(2).mean().backward()
+        loss = reference(x).pow(2).mean()
+        loss.backward()
+        want.append(loss.item())
         ropt.step()
         ropt.zero_grad()
+    _same_losses(losses, want, "tensor parallelism")
     _same_as_reference(block, reference)
 
 
@@ -514,14 +541,19 @@ def two_d(rank, size):
     ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
     batches = [torch.randn(2, LENGTH, WIDTH, generator=torch.Generator().manual_seed(3 + d)) for d in range(2)]
     mine = batches[mesh.get_local_rank("dp")]
+    losses, want = [], []
     for _ in range(3):
-        block(mine.to("jax")).pow(2).mean().backward()
+        loss = block(mine.to("jax")).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-        for b in batches:
-            (reference(b).pow(2).mean() / 2).backward()
+        mean = sum(reference(b).pow(2).mean() for b in batches) / 2
+        mean.backward()
+        want.append(mean.item())
         ropt.step()
         ropt.zero_grad()
+    _same_losses(losses, want, "the 2-D mesh")  # (the mean over both pairs: each pair's ranks have the same loss)
     for p, q in zip(block.parameters(), reference.parameters()):
         torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
