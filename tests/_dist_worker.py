@@ -100,6 +100,14 @@ def collectives(rank, size):
             dist.all_to_all_single(want, rows, receives, sends)
             dist.all_to_all_single(got, rows.to("jax"), receives, sends)
             _same(got, want, f"all_to_all_single with uneven splits {dtype}")
+            # uneven sends and even receives, given as no output splits: every rank sends s + 1
+            # rows to rank s
+            rows = _values(dtype, rank, (size * (size + 1) // 2, 2))
+            want = torch.empty((rank + 1) * size, 2, dtype=dtype)
+            got = torch.empty((rank + 1) * size, 2, dtype=dtype, device="jax")
+            dist.all_to_all_single(want, rows, None, [s + 1 for s in range(size)])
+            dist.all_to_all_single(got, rows.to("jax"), None, [s + 1 for s in range(size)])
+            _same(got, want, f"all_to_all_single with uneven sends {dtype}")
         if dtype is torch.float32:
             want, got = x.clone(), x.to("jax")
             dist.reduce(want, 0)

@@ -316,11 +316,12 @@ class JaxProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if input.device.type == "cpu":
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-        even = input.shape[0] // self._size
-        sends, receives = list(input_split_sizes) or [even] * self._size, list(output_split_sizes) or None
-        if receives is not None and any(n != even for n in sends + receives):
+        # (an empty list of splits: even ones, as in PyTorch; the other list may be uneven)
+        sends = list(input_split_sizes) or [input.shape[0] // self._size] * self._size
+        receives = list(output_split_sizes) or [output.shape[0] // self._size] * self._size
+        if len(set(sends + receives)) > 1:
             return self._all_to_all_uneven(output, input, sends, receives)
-        chunks = input.reshape((self._size, even) + tuple(input.shape[1:]))
+        chunks = input.reshape((self._size, sends[0]) + tuple(input.shape[1:]))
         rows = self._run("gather", chunks)[0]  # (rank, chunk, ...): what every rank sends
         self._write(output, rows[:, self._rank].reshape(output.shape))
         return _done(output)
