@@ -97,7 +97,7 @@ class _Step:
         flags = torch.tensor(self.used, dtype=torch.int32)
         dist.all_reduce(flags, group=self.ddp.process_group)
         kept = [
-            (p, p.grad if p.grad is None else p.grad.detach().clone())
+            (p, None if p.grad is None else p.grad.detach().clone())
             for p, f in zip(self.params, flags.tolist())
             if not f
         ]
@@ -118,7 +118,7 @@ class _Step:
 class _Sink(torch.autograd.Function):
     @staticmethod
     def forward(ctx, step, count, *tensors):
-        ctx.step, ctx.count = step, count
+        ctx.step = step
         return tuple(t.clone() for t in tensors[count:])
 
     @staticmethod
