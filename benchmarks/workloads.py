@@ -22,7 +22,7 @@ import torch.nn.functional as F
 @dataclasses.dataclass(frozen=True)
 class Workload:
     name: str
-    group: str  # "ops", "training" or "generation"
+    group: str  # "ops", "training", "generation" or "kernels"
     setup: Callable
     inner: int
     step: bool = True
@@ -150,6 +150,55 @@ def gpt2_generate(device, compiled):
     return generate
 
 
+def _example(name: str):
+    """An example of ``examples/`` as a module (its ops are defined once a process)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    module = sys.modules.get(f"examples_{name}")
+    if module is None:
+        path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"examples_{name}", path)
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def _kernel_softmax(kernel: bool):
+    """Softmax over the rows of a 256x1024 matrix: with ``kernel``, on jax, the Pallas
+    kernel of examples/pallas_softmax.py (its op); else the device's own lowering.
+    PyTorch's own kernel on the CPU either way."""
+
+    def setup(device, compiled):
+        x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0)).to(device)
+        if kernel and device == "jax":
+            _example("pallas_softmax")
+            return _maybe_compile(lambda: torch.ops.examples.softmax(x, -1), compiled)
+        return _maybe_compile(lambda: torch.softmax(x, -1), compiled)
+
+    return setup
+
+
+def _kernel_adamw(kernel: bool):
+    """One AdamW step over a 4-layer 512-wide MLP's parameters (gradients set once): with
+    ``kernel``, on jax, the JAX operator of examples/jax_adamw.py; else torch.optim.AdamW
+    (its default, foreach) on either device."""
+
+    def setup(device, compiled):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)]).to(device)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        if kernel and device == "jax":
+            opt = _example("jax_adamw").JaxAdamW(model.parameters(), lr=1e-4)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        return torch.compile(opt.step) if compiled else opt.step
+
+    return setup
+
+
 WORKLOADS = [
     *[
         Workload(f"small op: {n} (16 floats)", "ops", _small_op(n), 2000, step=False)
@@ -160,4 +209,8 @@ WORKLOADS = [
     Workload("HF ResNet-18 step (64x64, batch 16), SGD momentum", "training", resnet_step, 3),
     Workload("GPT-2-style step (4 layers, d=256, seq 128, batch 8), AdamW", "training", gpt2_step, 3),
     Workload("GPT-2-style greedy generation (16 + 32 tokens, static cache)", "generation", gpt2_generate, 1),
+    Workload("kernel: softmax 256x1024, the device's lowering", "kernels", _kernel_softmax(False), 50, step=False),
+    Workload("kernel: softmax 256x1024, the Pallas example's op", "kernels", _kernel_softmax(True), 50, step=False),
+    Workload("kernel: AdamW step, 4x512x512, torch.optim.AdamW", "kernels", _kernel_adamw(False), 10),
+    Workload("kernel: AdamW step, 4x512x512, the JAX example's op", "kernels", _kernel_adamw(True), 10),
 ]

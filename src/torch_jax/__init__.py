@@ -80,17 +80,83 @@ def mark_step() -> None:
     _fused.mark_step()
 
 
+# ---- custom kernels and JAX interop (torch_jax/kernels)
+
+
+def jax_op(name: str, fn=None, **options):
+    """Define the operator ``name`` ("namespace::op") whose kernel on ``jax`` is the JAX
+    function ``fn`` (a decorator without ``fn``): schema, fake implementation and
+    autograd derived from it; it runs in strict and fused eager and inside
+    ``torch.compile`` graphs (NOTE [JAX functions as operators] in kernels/_jax_op)."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.jax_op(name, fn, **options)
+
+
+def override(op, fn):
+    """Run the JAX function ``fn`` in place of the lowering of the aten op ``op``: from
+    now until ``.remove()``, or for a ``with`` block (NOTE [Overriding a lowering])."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.override(op, fn)
+
+
+def check_override(op, fn, *args, **kwargs) -> dict:
+    """Compare ``op`` with ``fn`` in place of its lowering against its default on these
+    arguments: outputs and gradients; raises AssertionError if they differ."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.check_override(op, fn, *args, **kwargs)
+
+
+def to_jax(t):
+    """The ``jax.Array`` of a ``jax`` tensor's values (its storage's own array, no copy,
+    when the tensor is its whole storage, contiguous)."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.to_jax(t)
+
+
+def from_jax(a, device=None):
+    """A ``jax`` tensor over the JAX array ``a``, no copy (NOTE [Tensors and JAX arrays
+    share buffers] in kernels/_interop)."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.from_jax(a, device)
+
+
+def call_jax(fn, *args, **kwargs):
+    """Run the JAX function ``fn`` on ``jax`` tensors (as JAX arrays, nested in lists,
+    tuples and dicts too); its arrays come back as tensors, with autograd through
+    ``jax.vjp``."""
+    initialize()
+    from torch_jax import kernels
+
+    return kernels.call_jax(fn, *args, **kwargs)
+
+
 __all__ = [
     "CompileWarning",
     "Config",
     "FallbackWarning",
     "RecompileWarning",
     "RegistrationWarning",
+    "call_jax",
+    "check_override",
     "config",
+    "from_jax",
     "fused",
     "initialize",
+    "jax_op",
     "mark_step",
+    "override",
     "reset_stats",
     "set_mode",
     "stats",
+    "to_jax",
 ]

@@ -50,7 +50,7 @@ from torch_jax._config import config
 from torch_jax._warnings import FallbackWarning
 from torch_jax.compile import _cache, _collectives, _rules
 from torch_jax.device import _state as _devices
-from torch_jax.ops import _context
+from torch_jax.ops import _context, _registry
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import LOWERINGS
 from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _recompiles, _stats
@@ -233,6 +233,11 @@ class Program:
                 if n.target is aten.copy_.default and n.args[0] in position:
                     self.mutated[position[n.args[0]]] = n
                     continue
+                if n.target is _AUTO_FUNCTIONALIZED and n.args[0] in _executor.SPECS and n.args[0] in LOWERINGS:
+                    self.plans[n] = ("auto_functionalized", _executor.SPECS[n.args[0]])
+                    if self.plans[n][1].random:
+                        self.random.append(n)
+                    continue
                 if isinstance(n.target, torch._ops.HigherOrderOperator):
                     raise Unsupported(f"the higher-order op {n.target.name()}")
                 if not isinstance(n.target, torch._ops.OpOverload):
@@ -319,6 +324,7 @@ class Program:
         if index < 0:
             index = _devices.current()
         key.append(index)
+        key.append(_registry.overrides)  # NOTE [Overriding a lowering] (kernels/_override)
         if self.group is not None and ("f",) in key:
             self._go_eager("a float input beside collectives")  # (its weak type would be lost)
             return self._run_eager(args)
@@ -501,6 +507,8 @@ class Program:
                 return env[x]
             if isinstance(x, (list, tuple)):
                 return type(x)(value(y) for y in x)
+            if isinstance(x, dict):  # (keyword arguments: a user op's keyword-only tensors)
+                return {k: value(y) for k, y in x.items()}
             return x
 
         for n in self.nodes:
@@ -513,7 +521,7 @@ class Program:
                 src = jnp.broadcast_to(cast(jnp.asarray(args[1]), _TO_NP[dst.dtype]), tuple(args[0].shape))
                 new_values[position[n.args[0]]] = src
                 env[n] = src
-            elif not isinstance(op, torch._ops.OpOverload):
+            elif not isinstance(op, torch._ops.OpOverload) and n not in self.plans:
                 env[n] = op(*args, **kwargs)
             elif op in _SIZE_OPS:
                 env[n] = _SIZE_OPS[op](*args)
@@ -560,6 +568,8 @@ class Program:
             vals = _schema_args(spec.op, (zeros, a, b), {})
             return _fit(_call_lowering(spec, vals, n, index, checks, rng, dtypes=[_TO_NP[val.dtype]]), val, op)
         spec = plan[1]
+        if kind == "auto_functionalized":
+            return _auto_functionalized(spec, args, kwargs, n, index, checks, rng)
         vals = _schema_args(op, args, kwargs)
         if kind == "as":
             vals = plan[2](vals)
@@ -590,6 +600,106 @@ class Program:
         if isinstance(result, (list, tuple)):
             result = result[0]
         return _fit(result, val, op, exact)
+
+
+_AUTO_FUNCTIONALIZED = getattr(torch.ops.higher_order, "auto_functionalized_v2", None)
+
+
+def _auto_functionalized(spec, args, kwargs, node, index: int, checks: list, rng):
+    """A mutating op as AOTAutograd functionalizes it (``auto_functionalized_v2``: the op's
+    mutated arguments given as indices into ``_all_bases``; the result is the op's outputs,
+    then every base's new value): the lowering's written values become the bases' new
+    values. NOTE [Input mutations in compiled graphs] writes them into the caller's
+    tensors. Only arguments that are whole bases, not views of them."""
+    op = args[0]
+    kwargs = dict(kwargs)
+    bases = list(kwargs.pop("_all_bases", []))
+    fakes = [b.meta.get("val") for b in node.kwargs["_all_bases"]]
+    new_bases = list(bases)
+    vals, targets = [], []
+    for a in op._schema.arguments:
+        if not (a.alias_info is not None and a.alias_info.is_write):
+            vals.append(kwargs[a.name] if a.name in kwargs else a.default_value if a.has_default_value() else None)
+            continue
+        if str(a.type).startswith("List"):
+            length = kwargs.get(f"_{a.name}_length")
+            where = None if length is None else [_view_of_base(kwargs, f"_{a.name}_{i}", fakes) for i in range(length)]
+            vals.append(None if where is None else [None if w is None else w.read(bases) for w in where])
+        else:
+            where = _view_of_base(kwargs, f"_{a.name}", fakes)
+            vals.append(None if where is None else where.read(bases))
+        targets.append(where)
+    val = node.meta.get("val")
+    outs = list(val[: len(val) - len(bases)]) if isinstance(val, (list, tuple)) else []
+    result = _call_lowering(spec, vals, node, index, checks, rng, dtypes=_value_dtypes(outs))
+    results = list(result) if isinstance(result, (list, tuple)) else [result]
+    fresh, written = results[: spec.n_fresh], results[spec.n_fresh :]
+    for where, value in zip(targets, written):
+        for w, v in zip(where if isinstance(where, list) else [where], value if isinstance(where, list) else [value]):
+            if w is not None and v is not None:
+                w.write(new_bases, v, op)
+    fitted = [_fit(r, v, op) for r, v in zip(fresh, outs)] + [None] * (len(outs) - len(fresh))
+    return (*fitted, *new_bases)
+
+
+class _BaseView:
+    """A mutated argument of ``auto_functionalized_v2``: the base it is (or a view of),
+    read from and written into the bases' values (arrays in the bases' logical shapes)."""
+
+    def __init__(self, base: int, fake, slice_=None, strided=None):
+        self.base, self.fake, self.slice, self.strided = base, fake, slice_, strided
+
+    def _flat_index(self):
+        """The view's elements as positions in the base's logical elements (a contiguous base)."""
+        size, stride, offset = self.strided
+        if list(self.fake.stride()) != _storage.contiguous_strides(self.fake.shape):
+            raise Unsupported("a mutating op's argument that is a strided view of a non-contiguous tensor")
+        idx = np.full(tuple(size), offset - self.fake.storage_offset(), np.int64)
+        for d, (n, s) in enumerate(zip(size, stride)):
+            shape = [1] * len(size)
+            shape[d] = n
+            idx = idx + (np.arange(n) * s).reshape(shape)
+        return idx
+
+    def _where(self):
+        d, start, end = self.slice
+        return (slice(None),) * d + (slice(start, end),)
+
+    def read(self, bases):
+        b = bases[self.base]
+        if self.slice is not None:
+            return b[self._where()]
+        if self.strided is not None:
+            return b.reshape(-1)[self._flat_index()]
+        return b
+
+    def write(self, bases, value, op) -> None:
+        b = bases[self.base]
+        if self.slice is not None:
+            value = _executor._cast(value, b.dtype, b[self._where()].shape, op)
+            bases[self.base] = b.at[self._where()].set(value)
+        elif self.strided is not None:
+            idx = self._flat_index()
+            value = _executor._cast(value, b.dtype, idx.shape, op)
+            bases[self.base] = b.reshape(-1).at[idx.reshape(-1)].set(value.reshape(-1)).reshape(b.shape)
+        else:
+            bases[self.base] = _fit(value, self.fake, op)
+
+
+def _view_of_base(kwargs: dict, prefix: str, fakes: list):
+    """A mutated argument's base and view, from auto_functionalized_v2's view information."""
+    base = kwargs.get(f"{prefix}_base_index")
+    if base is None:
+        return None
+    if f"{prefix}_slice_dim" in kwargs:
+        where = tuple(kwargs[f"{prefix}_slice_{k}"] for k in ("dim", "start", "end"))
+        return _BaseView(base, fakes[base], slice_=where)
+    if f"{prefix}_storage_offset" in kwargs:
+        where = tuple(kwargs[f"{prefix}_{k}"] for k in ("size", "stride", "storage_offset"))
+        if not all(isinstance(x, int) for x in (*where[0], *where[1], where[2])):
+            raise Unsupported("a mutating op's argument that is a view of symbolic size")
+        return _BaseView(base, fakes[base], strided=where)
+    return _BaseView(base, fakes[base])
 
 
 def _opaque() -> tuple:

@@ -33,13 +33,15 @@ class Lowering:
     trust_meta: bool  # output metadata from the Meta kernel (False: from JAX, where they disagree with CPU)
     traced: frozenset = frozenset()  # float arguments passed at run time (not compiled in)
     meta: bool = True  # False: PyTorch's Meta kernel rejects valid arguments; JAX gives the outputs
+    oracle: bool = True  # False: the op's CPU kernel is not PyTorch's (a user's JAX op): no CPU replays
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
 DECLARED_FALLBACKS: dict[torch._ops.OpOverload, str] = {}
+overrides: tuple = ()  # (op, id(fn)) of the user functions in place of lowerings (NOTE [Overriding a lowering])
 
 
-def lower(*ops, static=(), random=False, trust_meta=True, traced=(), meta=True):
+def lower(*ops, static=(), random=False, trust_meta=True, traced=(), meta=True, oracle=True):
     """Register ``fn`` as the lowering of each op overload in ``ops``.
 
     None in ``ops`` is an op this torch does not have (``_compat.aten_op``): skipped.
@@ -55,7 +57,7 @@ def lower(*ops, static=(), random=False, trust_meta=True, traced=(), meta=True):
                 raise TypeError(f"lower() takes op overloads (aten.add.Tensor), got {op!r}")
             if op in LOWERINGS or op in DECLARED_FALLBACKS:
                 raise RuntimeError(f"torch_jax: {op} is registered twice in the lowering table")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random, trust_meta, frozenset(traced), meta)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), random, trust_meta, frozenset(traced), meta, oracle)
         return fn
 
     return deco

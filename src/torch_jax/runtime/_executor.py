@@ -336,6 +336,8 @@ def run(spec: OpSpec, args):
         except _dtypes.UnsupportedDtype:  # (a result of a dtype JAX lacks: complex32)
             raise
         except Exception as e:  # noqa: BLE001
+            if not spec.lowering.oracle:  # (a user's JAX function: its own error)
+                raise
             error = _cpu_error(spec, args) or _freed(spec, e)
             if error is not None:
                 raise error from None
@@ -454,6 +456,8 @@ def _cpu_error(spec: OpSpec, args, limit: int = _CPU_REPLAY_LIMIT):
     when the inputs are over ``limit`` bytes and were not replayed, and for the ops that
     exist for PrivateUse1 backends only: the CPU's "not implemented" says nothing of
     the arguments, and would hide a failing lowering)."""
+    if not spec.lowering.oracle:
+        return None
     error = _cpu_replay(spec, args, limit)[1]
     if isinstance(error, NotImplementedError) and "operator for privateuse1 backends" in str(error):
         return None
@@ -509,7 +513,7 @@ def _unsupported_dtype(spec: OpSpec, args):
     same sizes (inputs up to 1 MiB; random ops are not replayed, they would advance the
     CPU generator) and only this kind of error is kept: zeros may well raise other
     errors (integer division by zero) that the real values do not."""
-    if spec.random:
+    if spec.random or not spec.lowering.oracle:
         return None
     # a combination of dtypes (and option values) the CPU accepted once is not replayed
     # for new shapes: generation with a growing KV cache compiles every op per length
