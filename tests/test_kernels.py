@@ -343,3 +343,17 @@ def test_a_compiled_training_step_runs_the_jax_optimizer_in_its_graph():
             ref_opt.zero_grad()
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_an_array_held_by_jax_code_is_never_donated(mode):
+    """In-place updates in fused graphs and compiled graphs donate the old buffer when
+    nothing else holds it (NOTE [Donation]); an array from to_jax keeps its values."""
+    t = torch.ones(1024, device="jax")
+    held = torch_jax.to_jax(t)
+    update = _maybe_compile(lambda x: x.mul_(2), mode)
+    for _ in range(3):
+        update(t)
+        torch_jax.mark_step()
+    assert not held.is_deleted() and float(held.sum()) == 1024.0
+    assert t.cpu().sum().item() == 8 * 1024
