@@ -81,7 +81,7 @@ EOF
 [ $? -eq 0 ] || { echo "accelerator check: torch_jax does not import here" >&2; exit 1; }
 
 # 2. the fast test share with JAX on this platform
-mapfile -t share < <(grep -v '^#' .ci/share)
+mapfile -t share < <(grep -v '^#' .ci/share | sed 's/^@[0-9]* //')  # (every line: the turns are CI's)
 [ $quick -eq 1 ] && share=(tests/test_errors.py)
 if ! "$python" -c "import expecttest" 2>/dev/null; then  # (PyTorch's OpInfo database needs it)
     share=("${share[@]/tests\/test_opinfo.py/}")

@@ -327,10 +327,11 @@ def check_sample(info, dtype, training: bool, module_input, *, index: int) -> No
             compare(pair[1], pair[0], lambda: reference.run().outputs, where=where + " output under no_grad")
 
 
-def check(info, dtype, training: bool, *, max_samples=None, fallback="silent") -> _sweep.Result:
+def check(info, dtype, training: bool, *, max_samples=None, part=None, fallback="silent") -> _sweep.Result:
     """Run every sample of one ModuleInfo in one dtype and mode (with ``max_samples``, at
-    most that many, spread evenly over the list); the result says pass/fail/skip and
-    which aten ops ran through the CPU fallback."""
+    most that many, spread evenly over the list; with ``part`` (k, n, m), when there are
+    more than m samples, those whose position is k modulo n); the result says
+    pass/fail/skip and which aten ops ran through the CPU fallback."""
     name = name_of(info, training)
     result = _sweep.Result(name, str(dtype).replace("torch.", ""), "pass")
     if info.name in EXCLUDED:
@@ -341,6 +342,8 @@ def check(info, dtype, training: bool, *, max_samples=None, fallback="silent") -
         inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
         inputs = list(inputs) + _fast_path_inputs(info, dtype, requires_grad=True)
         runnable = [(i, m) for i, m in enumerate(inputs) if m.forward_input is not None]
+        if part is not None and len(runnable) > part[2]:
+            runnable = runnable[part[0] :: part[1]]
         if max_samples is not None and len(runnable) > max_samples:
             runnable = runnable[:: -(-len(runnable) // max_samples)]
         for i, module_input in runnable:
