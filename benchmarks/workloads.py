@@ -166,16 +166,26 @@ def _example(name: str):
 
 
 def _kernel_softmax(kernel: bool):
-    """Softmax over the rows of a 256x1024 matrix: with ``kernel``, on jax, the Pallas
-    kernel of examples/pallas_softmax.py (its op); else the device's own lowering.
-    PyTorch's own kernel on the CPU either way."""
+    """Softmax over the rows of a 256x1024 matrix, a chain x <- softmax(x) * 256 (each call
+    depends on the last, as in ``matmul_512``: fused eager would otherwise compute 50 calls
+    on one input once): with ``kernel``, on jax, the Pallas kernel of
+    examples/pallas_softmax.py (its op); else the device's own lowering. PyTorch's own
+    kernel on the CPU either way."""
 
     def setup(device, compiled):
-        x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0)).to(device)
+        state = [torch.randn(256, 1024, generator=torch.Generator().manual_seed(0)).to(device)]
         if kernel and device == "jax":
             _example("pallas_softmax")
-            return _maybe_compile(lambda: torch.ops.examples.softmax(x, -1), compiled)
-        return _maybe_compile(lambda: torch.softmax(x, -1), compiled)
+            softmax = torch.ops.examples.softmax
+        else:
+            softmax = torch.softmax
+        fn = _maybe_compile(lambda x: softmax(x, -1) * 256, compiled)
+
+        def step():
+            state[0] = fn(state[0])
+            return state[0]
+
+        return step
 
     return setup
 
