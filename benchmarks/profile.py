@@ -1,18 +1,20 @@
-"""Where a training step's time goes in strict and fused eager, side by side: the numbers
-behind a ratio the suite reports (``python -m benchmarks.profile``).
+"""Where a training step's time goes in strict eager, fused eager and ``torch.compile`` on
+jax, side by side: the numbers behind a ratio the suite reports (``python -m benchmarks.profile``).
 
     python -m benchmarks.profile [--only TEXT] [--repeats 5] [--quick] [--out DIR | --no-write]
 
 The workload (the GPT-2-style step unless ``--only`` names another training workload of
-benchmarks/workloads.py) is built and warmed up under strict and fused eager as in the
-suite, the two are timed in interleaved repeats (the median step), and then each runs one
-more repeat under JAX's profiler. From the trace's XLA:CPU kernels (its events that name
+benchmarks/workloads.py) is built and warmed up under strict eager, fused eager and
+``torch.compile`` (its default backend, routed to jax) as in the suite, the three are timed
+in interleaved repeats (the median step), and then each runs one more repeat under JAX's
+profiler. From the trace's XLA:CPU kernels (its events that name
 an HLO instruction):
 
 - *busy*: the time any kernel ran, the union over XLA's threads; the rest of the step XLA
   waited for the host (Python, PyTorch's dispatch, torch_jax dispatching or recording
   ops) or for nothing;
-- in fused mode, busy time split by what the kernels do, from the fused graphs' HLO:
+- in fused mode and compiled, busy time split by what the kernels do, from the HLO of the
+  fused graphs and of the compiled graphs' computations:
   matrix products (a dot, a convolution, a BLAS call, or a fusion around one), copies and
   layout changes (fusions of data movement only), and elementwise work, reductions and the
   rest. Where two kernels run at once, each gets half of that moment;
@@ -147,17 +149,23 @@ def kernel_times(trace_dir: str, kinds: dict | None, steps: int) -> dict:
         (active.add if d == 1 else active.discard)(i)
     out = {"busy_ms": busy / steps / 1e3, "kernels": len(events) / steps}
     if kinds is not None:
+
+        def name(e):  # (an instruction, or "module/instruction" where kinds name the modules)
+            op = e["args"]["hlo_op"]
+            qualified = f"{e['args'].get('hlo_module')}/{op}"
+            return qualified if qualified in kinds else op
+
         by_kind, flops = collections.Counter(), 0
         for i, e in enumerate(events):
-            kind, f = kinds.get(e["args"]["hlo_op"], (ELEMENTWISE, 0))
+            kind, f = kinds.get(name(e), (ELEMENTWISE, 0))
             by_kind[kind] += share[i]
             flops += f
         out["by_kind_ms"] = {k: by_kind[k] / steps / 1e3 for k in (PRODUCTS, ELEMENTWISE, COPIES, OTHER)}
         out["product_gflop"] = flops / steps / 1e9
         per_name, per_name_flops = collections.Counter(), collections.Counter()
         for i, e in enumerate(events):
-            per_name[e["args"]["hlo_op"]] += share[i]
-            per_name_flops[e["args"]["hlo_op"]] += kinds.get(e["args"]["hlo_op"], (ELEMENTWISE, 0))[1]
+            per_name[name(e)] += share[i]
+            per_name_flops[name(e)] += kinds.get(name(e), (ELEMENTWISE, 0))[1]
         out["top"] = [
             (name, kinds.get(name, (ELEMENTWISE, 0))[0], us / steps / 1e3, per_name_flops[name] / steps)
             for name, us in per_name.most_common(12)
@@ -188,10 +196,14 @@ def _profiled_repeat(variant: _Variant, trace_dir: str) -> tuple:
     return seconds, ops
 
 
+MODES = ("strict", "fused", "compiled")
+
+
 def profile(workload, repeats: int, inner: int) -> dict:
+    from torch_jax.compile import _graph
     from torch_jax.runtime import _fused
 
-    variants = {v: _Variant(workload, v, inner) for v in ("strict", "fused")}
+    variants = {v: _Variant(workload, v, inner) for v in MODES}
     for _ in range(repeats):
         for v in variants.values():
             v.time_one_repeat()
@@ -199,13 +211,20 @@ def profile(workload, repeats: int, inner: int) -> dict:
     for name, v in variants.items():
         with tempfile.TemporaryDirectory() as d:
             _fused.recent.clear()
+            _graph.recent.clear()
             traced, ops = _profiled_repeat(v, d)
             kinds = None
-            if name == "fused":
+            if name != "strict":
                 kinds = {}
-                for ref in dict.fromkeys(_fused.recent):  # (the graphs the traced repeat ran)
+                # (the executables the traced repeat ran: fused eager's graphs, or torch.compile's)
+                for ref in dict.fromkeys(_fused.recent if name == "fused" else _graph.recent):
                     if ref() is not None:
-                        kinds.update(hlo_kinds(ref().as_text()))
+                        text = ref().as_text()
+                        if name == "fused":
+                            kinds.update(hlo_kinds(text))
+                        else:  # (several computations a step: their instructions named by module, jit_forward3)
+                            module = re.match(r"HloModule ([^\s,]+)", text).group(1)
+                            kinds.update({f"{module}/{k}": v for k, v in hlo_kinds(text).items()})
             r = kernel_times(d, kinds, v.inner)
         r["step_ms"] = statistics.median(v.times) * 1e3
         r["traced_step_ms"] = traced * 1e3
@@ -215,51 +234,55 @@ def profile(workload, repeats: int, inner: int) -> dict:
 
 
 def markdown(name: str, meta: dict, r: dict) -> str:
-    s, f = r["strict"], r["fused"]
+    s, f, c = (r[m] for m in MODES)
     rows = [
-        ("step (median)", s["step_ms"], f["step_ms"]),
-        ("step, the repeat under the profiler", s["traced_step_ms"], f["traced_step_ms"]),
-        ("in it, XLA kernels running (union over threads)", s["busy_ms"], f["busy_ms"]),
-        (
-            "in it, XLA idle: the host dispatches, records or waits",
-            s["traced_step_ms"] - s["busy_ms"],
-            f["traced_step_ms"] - f["busy_ms"],
-        ),
+        ("step (median)", "step_ms"),
+        ("step, the repeat under the profiler", "traced_step_ms"),
+        ("in it, XLA kernels running (union over threads)", "busy_ms"),
     ]
     lines = [
         "# Where the step's time goes",
         "",
         f"Generated by `python -m benchmarks.profile` ({meta['date']}, torch {torch.__version__}, "
-        f"{_machine(meta)}): {name}. Strict and fused eager timed side by side in one process (the median "
-        "of interleaved repeats), then one repeat of each under JAX's profiler; times are per step.",
+        f"{_machine(meta)}): {name}. Strict eager, fused eager and `torch.compile` on jax timed side by side "
+        "in one process (the median of interleaved repeats), then one repeat of each under JAX's profiler; "
+        "times are per step.",
         "",
-        "| | jax strict eager | jax fused eager |",
-        "| --- | --- | --- |",
+        "| | jax strict eager | jax fused eager | torch.compile on jax |",
+        "| --- | --- | --- | --- |",
     ]
-    lines += [f"| {label} | {a:.1f} ms | {b:.1f} ms |" for label, a, b in rows]
-    lines.append(f"| XLA kernels run | {s['kernels']:.0f} | {f['kernels']:.0f} |")
-    lines.append(f"| ops through torch_jax's executor | {s['ops']:.0f} | {f['ops']:.0f} |")
-    lines += ["", "Fused eager's kernel time by what the kernels do (from its graphs' HLO):", ""]
-    lines += ["| kind | ms per step | share of the traced step |", "| --- | --- | --- |"]
-    for kind, ms in f["by_kind_ms"].items():
-        lines.append(f"| {kind} | {ms:.1f} | {100 * ms / f['traced_step_ms']:.0f}% |")
-    products = f["by_kind_ms"][PRODUCTS]
-    gflop = f["product_gflop"]
-    lines.append("")
-    if products > 0 and gflop > 0:
-        rate = gflop / products * 1e3
+    lines += [f"| {label} | " + " | ".join(f"{x[key]:.1f} ms" for x in (s, f, c)) + " |" for label, key in rows]
+    idle = " | ".join(f"{x['traced_step_ms'] - x['busy_ms']:.1f} ms" for x in (s, f, c))
+    lines.append(f"| in it, XLA idle: the host dispatches, records or waits | {idle} |")
+    lines.append("| XLA kernels run | " + " | ".join(f"{x['kernels']:.0f}" for x in (s, f, c)) + " |")
+    lines.append("| ops through torch_jax's executor | " + " | ".join(f"{x['ops']:.0f}" for x in (s, f, c)) + " |")
+    lines += ["", "Kernel time by what the kernels do (from the HLO of fused eager's graphs and of the compiled", ""]
+    lines[-2] += " graphs' computations):"
+    lines += [
+        "| kind | fused: ms per step | share | compiled: ms per step | share |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind in f["by_kind_ms"]:
+        a, b = f["by_kind_ms"][kind], c["by_kind_ms"][kind]
         lines.append(
-            f"The products do {gflop:.1f} GFLOP a step, at {rate:.0f} GFLOP/s in the fused graph "
-            f"({products:.1f} ms). With every other cost at zero, a fused step would take those "
-            f"{products:.1f} ms: at most **{s['step_ms'] / products:.2f}x** faster than strict "
-            f"({s['step_ms']:.1f} ms)."
+            f"| {kind} | {a:.1f} | {100 * a / f['traced_step_ms']:.0f}% | {b:.1f} | {100 * b / c['traced_step_ms']:.0f}% |"
         )
-    lines += ["", "Its costliest kernels (HLO instructions of the fused graph; a kernel that runs "]
-    lines[-1] += "several times a step is summed):"
-    lines += ["", "| kernel | kind | ms per step | GFLOP/s |", "| --- | --- | --- | --- |"]
-    for name, kind, ms, flops in f["top"]:
-        rate = f"{flops / ms / 1e6:.0f}" if flops and ms else ""
-        lines.append(f"| `{name}` | {kind} | {ms:.2f} | {rate} |")
+    lines.append("")
+    for label, x in (("fused graph", f), ("compiled graphs", c)):
+        products, gflop = x["by_kind_ms"][PRODUCTS], x["product_gflop"]
+        if products > 0 and gflop > 0:
+            lines.append(
+                f"- {label}: the products do {gflop:.1f} GFLOP a step at {gflop / products * 1e3:.0f} GFLOP/s "
+                f"({products:.1f} ms). With every other cost at zero a step would take those {products:.1f} ms: "
+                f"at most **{s['step_ms'] / products:.2f}x** faster than strict ({s['step_ms']:.1f} ms)."
+            )
+    for label, x in (("the fused graph", f), ("the compiled graphs", c)):
+        lines += ["", f"The costliest kernels of {label} (HLO instructions; a kernel that runs several times "]
+        lines[-1] += "a step is summed):"
+        lines += ["", "| kernel | kind | ms per step | GFLOP/s |", "| --- | --- | --- | --- |"]
+        for kname, kind, ms, flops in x["top"]:
+            rate = f"{flops / ms / 1e6:.0f}" if flops and ms else ""
+            lines.append(f"| `{kname}` | {kind} | {ms:.2f} | {rate} |")
     return "\n".join(lines) + "\n"
 
 

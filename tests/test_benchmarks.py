@@ -77,8 +77,11 @@ def test_the_profile_counts_the_products_and_splits_the_kernel_time(tmp_path):
     assert fused["kernels"] < strict["kernels"]  # (fused: one graph's kernels, fewer)
     kinds = fused["by_kind_ms"]
     assert kinds[PRODUCTS] > 0 and 0 < sum(kinds.values()) <= fused["busy_ms"] * 1.001
+    compiled = report["compiled"]  # (torch.compile's graphs: the same products)
+    assert abs(compiled["product_gflop"] - expected) < 1e-6 * expected
+    assert compiled["by_kind_ms"][PRODUCTS] > 0 and compiled["kernels"] < strict["kernels"]
     text = (tmp_path / "profile.md").read_text()
-    assert "| matrix products |" in text and "at most **" in text
+    assert "| matrix products |" in text and "at most **" in text and "| torch.compile on jax |" in text
 
 
 def test_the_changing_shapes_benchmark_runs_each_variant_in_its_own_process(tmp_path):

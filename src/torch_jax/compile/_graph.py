@@ -35,10 +35,13 @@ fallback catches what is missing: that warns once per graph with the reason, is 
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 import sys
 import time
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +60,9 @@ from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _rec
 from torch_jax.tensor import _dtypes, _storage
 
 _counters = _stats.counters
+recent: collections.deque = collections.deque(
+    maxlen=64
+)  # weak references to the executables run last (benchmarks/profile)
 aten = torch.ops.aten
 Tensor = torch.Tensor
 _TO_NP = _dtypes.TO_NP
@@ -213,6 +219,11 @@ class Program:
         self._boxed_call = True  # (an attribute of the object: Dynamo's wrapper of the backward copies its __dict__)
         self.gm = gm
         self.name = name
+        # the XLA module's name (jit_forward_<hash>), which profiler traces show: named by the
+        # graph's code, not by the process's counter, so that JAX's persistent cache, whose key
+        # holds the module's name, finds the same graph whatever was compiled before it
+        digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
+        self.module = f"{name.rstrip('0123456789')}_{digest}"
         self.graph = gm.graph
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -343,6 +354,7 @@ class Program:
         else:
             entry.used = True
             _counters["compiled_graph_hits"] += 1
+        recent.append(weakref.ref(entry.compiled))
         results = entry.fn(*dyn)
         del dyn  # (donated arrays are gone)
         _counters["compiled_graph_calls"] += 1
@@ -429,13 +441,15 @@ class Program:
 
         if self.group is None:
             jitted = jax.jit(
-                _compile_cache.fresh(traced), out_shardings=_devices.sharding(index), donate_argnums=key[-1]
+                _compile_cache.fresh(traced, self.module),
+                out_shardings=_devices.sharding(index),
+                donate_argnums=key[-1],
             )
         else:  # NOTE [Collectives in compiled graphs]
             backend = _collectives.backend_of(self.group)
             mesh = backend._mesh(index)
             found["scalar_ins"] = [np.ndim(v) == 0 for v in dyn]
-            jitted = _collectives.spmd(_compile_cache.fresh(traced), mesh, len(dyn), found)
+            jitted = _collectives.spmd(_compile_cache.fresh(traced, self.module), mesh, len(dyn), found)
             dyn = _collectives.globalize(dyn, mesh, _devices.device(index))
         with _cpu_blas.in_graph():
             lowered = jitted.lower(*dyn)

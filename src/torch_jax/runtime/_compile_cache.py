@@ -87,12 +87,16 @@ except ImportError:
     _hook = None
 
 
-def fresh(fn):
+def fresh(fn, name: str | None = None):
     """A new function that calls ``fn``, for JAX to trace: JAX's tracing and lowering
     caches are keyed (weakly) by the function and hold its jaxpr and lowered module while
     it lives, and a compiled entry keeps its own function (NOTE [Compiled, not jitted] in
-    runtime/_executor)."""
-    return lambda *args: fn(*args)
+    runtime/_executor). ``name`` names it, and so the XLA module (``jit_<name>``) that
+    profiler traces show."""
+    wrapper = lambda *args: fn(*args)  # noqa: E731
+    if name is not None:
+        wrapper.__name__ = wrapper.__qualname__ = name
+    return wrapper
 
 
 class _MallInfo2(ctypes.Structure):
