@@ -4,7 +4,6 @@ two kernel examples against PyTorch on the CPU."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
 import warnings
@@ -22,11 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
 
 
-@functools.cache
 def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"examples_{name}", ROOT / "examples" / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (Dynamo looks modules up)
-    spec.loader.exec_module(module)
+    """An example as a module, once a process (its ops are defined once; benchmarks/workloads
+    loads them under the same name)."""
+    module = sys.modules.get(f"examples_{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"examples_{name}", ROOT / "examples" / f"{name}.py")
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (Dynamo looks modules up)
+        spec.loader.exec_module(module)
     return module
 
 
