@@ -19,11 +19,10 @@ held by JAX code is never donated under it.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
 
 from torch_jax.device import _state as _devices
+from torch_jax.kernels._jax_op import _cotangent
 from torch_jax.runtime import _copy
 from torch_jax.tensor import _dtypes, _storage
 
@@ -109,21 +108,14 @@ class _CallJax(torch.autograd.Function):
         out_leaves, ctx.treedef = jax.tree_util.tree_flatten(out)
         out_tree.append(ctx.treedef)
         ctx.grad_at, ctx.n = grad_at, len(tensors)
-        ctx.avals = [(x.shape, x.dtype) for x in out_leaves]
+        ctx.avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in out_leaves]
         outs = tuple(from_jax(x) for x in out_leaves)
         ctx.mark_non_differentiable(*[o for o in outs if not (o.is_floating_point() or o.is_complex())])
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
-        cts = []
-        for g, (shape, dtype) in zip(grads, ctx.avals):
-            if not jnp.issubdtype(dtype, jnp.inexact):
-                cts.append(np.zeros(shape, jax.dtypes.float0))
-            elif g is None:
-                cts.append(jnp.zeros(shape, dtype))
-            else:
-                cts.append(to_jax(g).astype(dtype))
+        cts = [_cotangent(aval, None if g is None else to_jax(g)) for g, aval in zip(grads, ctx.avals)]
         in_cts = ctx.pull(jax.tree_util.tree_unflatten(ctx.treedef, cts))
         grads_in = [None] * ctx.n
         for i, ct in zip(ctx.grad_at, in_cts):

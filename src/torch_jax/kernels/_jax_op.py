@@ -286,8 +286,9 @@ def _differentiable(x: torch.Tensor, grad):
 
 
 def _cotangent(out, grad):
-    """The cotangent JAX's pullback takes for one output (zeros where autograd gave
-    None; float0 for outputs without gradients: integers and bools)."""
+    """The cotangent JAX's pullback takes for one output (an array or its shape struct):
+    zeros where autograd gave None; float0 for outputs without gradients (integers and
+    bools). Also ``call_jax``'s backward (kernels/_interop)."""
     if not jnp.issubdtype(out.dtype, jnp.inexact):
         return np.zeros(out.shape, dtype=jax.dtypes.float0)
     if grad is None:
