@@ -272,6 +272,11 @@ def install():
             out = _out_variant(op)
             if out is not None and out not in LOWERINGS and out not in REGISTERED:
                 _register(out, _out_kernel(out, spec), "out")
+    from torch_jax import sparse
+    from torch_jax.tensor import _nested
+
+    sparse.install(_lib)  # sparse COO and CSR layouts
+    _nested.install(_lib)  # strided nested tensors
     # NOTE [Backward on jax:N]: the autograd engine sizes its device queues from the
     # Python device guard, which reports one device; backward on jax:1 then trips an
     # internal assert. Running backward on the calling thread avoids the device queues
