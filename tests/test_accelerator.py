@@ -96,8 +96,7 @@ def test_memory_functions_are_torch_jax_s():
     del x
     A.empty_cache()
     A.reset_peak_memory_stats()
-    # JAX's CPU client reports no memory statistics (all zeros); a GPU reports bytes in use
-    assert A.memory_allocated() <= before
+    assert A.memory_allocated() <= before - (1 << 18)  # (tests/test_memory.py checks the figures)
     assert A.max_memory_allocated() >= A.memory_allocated()
 
 

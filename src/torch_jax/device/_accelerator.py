@@ -74,10 +74,6 @@ def _no_host_cache() -> None:
     """There is no pinned host cache to empty (NOTE [Pinned memory for jax])."""
 
 
-def _no_accumulated_stats(index: int) -> None:
-    """JAX keeps no resettable accumulated counters; like reset_peak_memory_stats, a no-op."""
-
-
 def _capability(index: int) -> dict:
     from torch_jax.tensor import _dtypes
 
@@ -95,7 +91,7 @@ _BY_INDEX = {
     "memory_reserved": _module.memory_reserved,
     "max_memory_reserved": _module.max_memory_reserved,
     "reset_peak_memory_stats": _module.reset_peak_memory_stats,
-    "reset_accumulated_memory_stats": _no_accumulated_stats,
+    "reset_accumulated_memory_stats": _module.reset_accumulated_memory_stats,
     "get_memory_info": _module.mem_get_info,
 }
 # the same without arguments (empty_host_cache crashes the process otherwise)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -166,13 +167,12 @@ class _DeviceProperties:
 def get_device_properties(device=None) -> _DeviceProperties:
     idx = _index(device)
     dev = _state().device(idx)
-    stats = _memory_stats(idx)
     return _DeviceProperties(
         name=get_device_name(idx),
         platform=dev.platform,
         device_kind=dev.device_kind,
         index=idx,
-        total_memory=int(stats.get("bytes_limit", 0)),
+        total_memory=mem_get_info(idx)[1],
         multi_processor_count=int(getattr(dev, "core_count", 0) or 0),
     )
 
@@ -237,6 +237,20 @@ def set_rng_state_all(new_states) -> None:
 
 
 # ---- memory ----
+#
+# NOTE [Memory statistics]: where the PJRT client reports allocator statistics (GPU, TPU:
+# ``bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit``), the current and peak figures are
+# the allocator's, which sees every buffer of the device. Where it reports none (XLA:CPU),
+# they are the runtime's own count of the live storages' bytes (NOTE [Memory accounting] in
+# tensor/_storage), kept on every platform, which also gives the counts of allocations and
+# frees. JAX's allocator cannot reset its peak, so after ``reset_peak_memory_stats`` a
+# reported peak is the allocator's only once it rises above the peak seen at the reset;
+# until then it is the larger of the current figures seen since. XLA:CPU keeps no cache
+# above malloc (NOTE [Host memory of the CPU device]), so what it reserves is what is
+# allocated, and its memory is the host's (``mem_get_info``: the host's, or the container's).
+
+
+_peak_resets: dict[int, tuple[int, int]] = {}  # device -> (allocator's peak at the reset, peak since)
 
 
 def _memory_stats(idx: int) -> dict[str, Any]:
@@ -244,54 +258,162 @@ def _memory_stats(idx: int) -> dict[str, Any]:
     return dict(stats) if stats else {}
 
 
+def _usage(idx: int):
+    from torch_jax.tensor import _storage
+
+    return _storage.usage(idx)
+
+
+def _allocated(idx: int) -> tuple[int, int]:
+    """(current, peak) bytes allocated on jax:idx (NOTE [Memory statistics])."""
+    raw = _memory_stats(idx)
+    if "bytes_in_use" not in raw:
+        u = _usage(idx)
+        return u.current, u.peak
+    current = int(raw["bytes_in_use"])
+    peak = int(raw.get("peak_bytes_in_use", current))
+    if idx in _peak_resets:
+        peak_then, seen = _peak_resets[idx]
+        if peak <= peak_then:
+            peak = max(seen, current)
+            _peak_resets[idx] = (peak_then, peak)
+    return current, peak
+
+
+def _reserved(idx: int) -> tuple[int, int]:
+    raw = _memory_stats(idx)
+    if "bytes_reserved" in raw:
+        return int(raw["bytes_reserved"]), int(raw.get("peak_bytes_reserved", raw["bytes_reserved"]))
+    return _allocated(idx)
+
+
 def memory_stats(device=None) -> collections.OrderedDict:
-    """JAX's memory statistics of the device, under PyTorch's names where they exist
-    (empty where the platform reports none, e.g. JAX's CPU client)."""
-    raw = _memory_stats(_index(device))
+    """The device's memory statistics under ``torch.cuda.memory_stats``'s keys (its ``all``
+    pool; NOTE [Memory statistics]), then the PJRT client's own as ``jax.*``."""
+    idx = _index(device)
+    u = _usage(idx)
+    current, peak = _allocated(idx)
+    reserved, reserved_peak = _reserved(idx)
     out = collections.OrderedDict()
-    names = {
-        "bytes_in_use": "allocated_bytes.all.current",
-        "peak_bytes_in_use": "allocated_bytes.all.peak",
-        "bytes_reserved": "reserved_bytes.all.current",
-        "peak_bytes_reserved": "reserved_bytes.all.peak",
-        "num_allocs": "allocation.all.allocated",
-    }
-    for jax_name, torch_name in names.items():
-        if jax_name in raw:
-            out[torch_name] = int(raw[jax_name])
-    for k, v in raw.items():
+    for kind in ("allocated_bytes", "active_bytes", "requested_bytes"):
+        out[f"{kind}.all.current"] = current
+        out[f"{kind}.all.peak"] = peak
+        out[f"{kind}.all.allocated"] = u.allocated
+        out[f"{kind}.all.freed"] = u.freed
+    for kind in ("allocation", "active"):
+        out[f"{kind}.all.current"] = u.count
+        out[f"{kind}.all.peak"] = u.count_peak
+        out[f"{kind}.all.allocated"] = u.allocs
+        out[f"{kind}.all.freed"] = u.frees
+    out["reserved_bytes.all.current"] = reserved
+    out["reserved_bytes.all.peak"] = reserved_peak
+    out["num_alloc_retries"] = 0
+    out["num_ooms"] = 0
+    for k, v in _memory_stats(idx).items():
         out[f"jax.{k}"] = v
     return out
 
 
 def memory_allocated(device=None) -> int:
-    return int(_memory_stats(_index(device)).get("bytes_in_use", 0))
+    return _allocated(_index(device))[0]
 
 
 def max_memory_allocated(device=None) -> int:
-    return int(_memory_stats(_index(device)).get("peak_bytes_in_use", 0))
+    return _allocated(_index(device))[1]
 
 
 def memory_reserved(device=None) -> int:
-    stats = _memory_stats(_index(device))
-    return int(stats.get("bytes_reserved", stats.get("bytes_in_use", 0)))
+    return _reserved(_index(device))[0]
 
 
 def max_memory_reserved(device=None) -> int:
-    stats = _memory_stats(_index(device))
-    return int(stats.get("peak_bytes_reserved", stats.get("peak_bytes_in_use", 0)))
+    return _reserved(_index(device))[1]
+
+
+def _host_memory() -> tuple[int, int]:
+    """(free, total) bytes of the host, or of the container where its cgroup sets a lower limit."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, free = page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max" and int(limit) < total:
+            with open("/sys/fs/cgroup/memory.current") as f:
+                used = int(f.read())
+            total, free = int(limit), min(free, max(int(limit) - used, 0))
+    return free, total
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    """(free, total) bytes, where the platform reports a limit; (0, 0) otherwise."""
+    """(free, total) bytes of the device: its allocator's limit, or, for XLA:CPU, whose
+    buffers are host memory, the host's."""
     stats = _memory_stats(_index(device))
-    total = int(stats.get("bytes_limit", 0))
+    if "bytes_limit" not in stats:
+        return _host_memory()
+    total = int(stats["bytes_limit"])
     return max(total - int(stats.get("bytes_in_use", 0)), 0), total
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    """JAX keeps its own peak counters and offers no reset; this is a no-op."""
+    """The peaks start again from the current figures (NOTE [Memory statistics])."""
+    idx = _index(device)
+    u = _usage(idx)
+    u.peak, u.count_peak = u.current, u.count
+    raw = _memory_stats(idx)
+    if "bytes_in_use" in raw:
+        _peak_resets[idx] = (int(raw.get("peak_bytes_in_use", 0)), int(raw["bytes_in_use"]))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """The totals of bytes and allocations made and freed start again from 0."""
+    u = _usage(_index(device))
+    u.allocated = u.freed = u.allocs = u.frees = 0
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """The device's memory statistics as a table, like ``torch.cuda.memory_summary``'s."""
+    idx = _index(device)
+    stats = memory_stats(idx)
+    source = "by its allocator" if "jax.bytes_in_use" in stats else "as the bytes of its live storages"
+    rule, thin = "|" + "=" * 77 + "|", "|" + "-" * 77 + "|"
+    out = [
+        rule,
+        f"| {'jax:' + str(idx) + ' (' + _state().device(idx).platform + '), memory counted ' + source:<76}|",
+        rule,
+        f"| {'Metric':<21}| {'Cur Usage':>11} | {'Peak Usage':>11} | {'Tot Alloc':>11} | {'Tot Freed':>11} |",
+        thin,
+    ]
+    for label, key, fmt in (
+        ("Allocated memory", "allocated_bytes", _size),
+        ("Active memory", "active_bytes", _size),
+        ("Allocations", "allocation", str),
+    ):
+        cur, peak, tot, freed = (stats[f"{key}.all.{k}"] for k in ("current", "peak", "allocated", "freed"))
+        out.append(f"| {label:<21}| {fmt(cur):>11} | {fmt(peak):>11} | {fmt(tot):>11} | {fmt(freed):>11} |")
+    cur, peak = stats["reserved_bytes.all.current"], stats["reserved_bytes.all.peak"]
+    out.append(f"| {'Reserved memory':<21}| {_size(cur):>11} | {_size(peak):>11} | {'':>11} | {'':>11} |")
+    free, total = mem_get_info(idx)
+    out.append(f"| {'Free / total memory':<21}| {_size(free):>11} | {_size(total):>11} | {'':>11} | {'':>11} |")
+    out.append(rule)
+    return "\n".join(out) + "\n"
 
 
 def empty_cache() -> None:
-    """JAX frees device buffers when their arrays die; nothing is cached to release."""
+    """JAX frees device buffers when their arrays die; on XLA:CPU the heap's free pages
+    go back to the system (NOTE [Host memory of the CPU device])."""
+    if _state().device(0).platform == "cpu":
+        from torch_jax.runtime import _host_memory
+
+        _host_memory.trim()

@@ -67,6 +67,7 @@ _DIMS = {}  # ndim -> struct for shape + strides
 _addr_lock = threading.Lock()
 _next_addr = 1 << 40
 _ALIGN = 64
+_tracer = None  # while torch.profiler records memory: called with each allocation and free (runtime/_profiler)
 
 
 def _fake_address(nbytes: int) -> int:
@@ -78,21 +79,74 @@ def _fake_address(nbytes: int) -> int:
     return addr
 
 
+class Usage:
+    """NOTE [Memory accounting]: the bytes of one device's live storages, as CUDA's
+    caching allocator counts the blocks it hands to tensors. A storage counts from its
+    creation (``torch.empty`` allocates, on CUDA too) until its box dies with the
+    storage, whether its array is computed yet (fused eager's pending results), was
+    never written, or is held: views, autograd's saved tensors and the optimizer's state
+    share the storage and so its one count. Buffers the runtime holds outside storages
+    (a compiled graph's temporaries, its constants) are not counted, as CUDA's counters
+    leave out cuBLAS's workspace. XLA:CPU's PJRT client reports no allocator statistics,
+    so this is what ``torch.jax.memory_allocated`` reads there (device/_module). Updated
+    under the GIL by plain attribute arithmetic, with no call between read and write."""
+
+    __slots__ = ("current", "peak", "count", "count_peak", "allocated", "freed", "allocs", "frees")
+
+    def __init__(self):
+        self.current = self.peak = self.count = self.count_peak = 0
+        self.allocated = self.freed = self.allocs = self.frees = 0
+
+
+USAGE: list[Usage] = []  # by device index
+
+
+def usage(index: int) -> Usage:
+    while len(USAGE) <= index:
+        USAGE.append(Usage())
+    return USAGE[index]
+
+
 class Box:
     """The payload of one storage: a JAX array holding its elements.
 
     ``arr`` has ``numel`` elements of ``dtype`` (any shape; usually the shape of the
     tensor that wrote it last, so that the common read needs no reshape), or is None
-    for a storage that was allocated and never written (it reads as zeros).
+    for a storage that was allocated and never written (it reads as zeros). A box's
+    bytes count as allocated on its device while it lives (NOTE [Memory accounting]).
     """
 
-    __slots__ = ("arr", "dtype", "numel", "index", "__weakref__")
+    __slots__ = ("arr", "dtype", "numel", "index", "nbytes", "__weakref__")
 
-    def __init__(self, arr, dtype: torch.dtype, numel: int, index: int):
+    def __init__(self, arr, dtype: torch.dtype, numel: int, index: int, nbytes: int):
         self.arr = arr
         self.dtype = dtype
         self.numel = numel
         self.index = index
+        self.nbytes = nbytes
+        try:
+            u = USAGE[index]
+        except IndexError:
+            u = usage(index)
+        u.current += nbytes
+        u.count += 1
+        u.allocated += nbytes
+        u.allocs += 1
+        if u.current > u.peak:
+            u.peak = u.current
+        if u.count > u.count_peak:
+            u.count_peak = u.count
+        if _tracer is not None:
+            _tracer(index, nbytes, u)
+
+    def __del__(self, _usage=USAGE):  # (bound here: module globals are gone at interpreter exit)
+        u = _usage[self.index]
+        u.current -= self.nbytes
+        u.count -= 1
+        u.freed += self.nbytes
+        u.frees += 1
+        if _tracer is not None:
+            _tracer(self.index, -self.nbytes, u)
 
     def __repr__(self) -> str:
         state = "uninitialized" if self.arr is None else f"shape={tuple(self.arr.shape)}"
@@ -226,7 +280,7 @@ class Template:
         t = _from_dlpack(capsule_new(header.addr, b"dltensor", None))
         if self.view_dtype is not None:
             t = torch.ops.aten.view.dtype(t, self.view_dtype)
-        t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index)
+        t.untyped_storage()._box = Box(arr, self.dtype, self.numel, self.index, self.nbytes)
         return t
 
 
