@@ -56,7 +56,7 @@ from torch_jax.device import _state as _devices
 from torch_jax.ops import _context, _registry
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import LOWERINGS
-from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _recompiles, _stats
+from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _profiler, _recompiles, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 _counters = _stats.counters
@@ -355,7 +355,10 @@ class Program:
             entry.used = True
             _counters["compiled_graph_hits"] += 1
         recent.append(weakref.ref(entry.compiled))
-        results = entry.fn(*dyn)
+        if _profiler.recording:  # NOTE [Device time in torch.profiler]
+            results = _profiler.graph(f"jax::{self.module}", f"jit_{self.module}", index, entry.fn, dyn)
+        else:
+            results = entry.fn(*dyn)
         del dyn  # (donated arrays are gone)
         _counters["compiled_graph_calls"] += 1
         _devices.last[index] = results

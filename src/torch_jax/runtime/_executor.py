@@ -30,7 +30,7 @@ from torch_jax.device import _accelerator
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
-from torch_jax.runtime import _buckets, _compile_cache, _fused, _recompiles, _stats, _xla_options
+from torch_jax.runtime import _buckets, _compile_cache, _fused, _profiler, _recompiles, _stats, _xla_options
 from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
@@ -592,6 +592,8 @@ class _Entry:
             self.fn = _compile_cache.outside_dynamo(_compile_op, self.jitted, dyn, self.index)
             self.jitted = None
             _compile_cache.charge(self, _compile_cache.allocated() - before)
+        if _profiler.recording:  # NOTE [Device time in torch.profiler]
+            return _profiler.timed(f"jit({_stats.op_name(self.spec.op)})", self.index, self.fn, dyn)
         return self.fn(*dyn)
 
     def finish(self, args, results, length=None):

@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _compile_cache, _cpu_blas, _recompiles, _stats, _xla_options
+from torch_jax.runtime import _compile_cache, _cpu_blas, _profiler, _recompiles, _stats, _xla_options
 from torch_jax.tensor._storage import Pending
 
 _counters = _stats.counters
@@ -171,7 +171,13 @@ def _run(g: _Graph, reason: str) -> None:
             compiled.used = True
         _counters["donated_buffers"] += len(donated)
         recent.append(_weakref(compiled.fn))
-        results = compiled.fn(*g.inputs)
+        if _profiler.recording:  # NOTE [Device time in torch.profiler]
+            n = len(nodes)
+            results = _profiler.graph(
+                f"jax::fused_graph ({n} ops)", f"jit(fused graph of {n} ops)", g.index, compiled.fn, g.inputs
+            )
+        else:
+            results = compiled.fn(*g.inputs)
         flags = results[-1] if checks else None
     for p, r in zip(alive, results):
         p.value = r

@@ -282,6 +282,9 @@ def install():
     # internal assert. Running backward on the calling thread avoids the device queues
     # (and makes kernels run on the thread that called backward).
     torch.autograd.set_multithreading_enabled(False)
+    from torch_jax.runtime import _profiler
+
+    _profiler.install()  # NOTE [Device time in torch.profiler]
     if config.debug >= 1:  # TORCH_JAX_DEBUG=1: the counters when the process ends
         atexit.register(lambda: print(f"[torch_jax] {_stats.snapshot()}", file=sys.stderr))
     return _compile_cache.hook_off(_fallback.cpu_fallback)
