@@ -137,9 +137,10 @@ def test_fractional_max_pool_reads_only_its_batchs_random_samples():
 
 # (the CPU's own run makes the nested tensor, and PyTorch warns that nested tensors are a prototype)
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
-def test_transformer_encoder_nested_fast_path_says_what_is_missing(allow_fallback):
-    # eval mode under no_grad with a padding mask turns the input into a nested tensor,
-    # which jax does not support yet (known difference); without nested tensors it runs
+def test_transformer_encoder_nested_fast_path_matches_the_cpu(allow_fallback):
+    # eval mode under no_grad with a padding mask turns the input into a strided nested
+    # tensor (tensor/_nested: its fast-path kernels run on the CPU fallback); without
+    # nested tensors it runs the layers' dense fast path
     torch.manual_seed(0)
     x, mask = torch.randn(2, 5, 8), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     for nested in (True, False):
@@ -148,12 +149,8 @@ def test_transformer_encoder_nested_fast_path_says_what_is_missing(allow_fallbac
         with torch.no_grad():
             expected = encoder(x, src_key_padding_mask=mask)
             encoder.to("jax")
-            if nested:
-                with pytest.raises(NotImplementedError, match="nested tensors"):
-                    encoder(x.to("jax"), src_key_padding_mask=mask.to("jax"))
-            else:
-                got = encoder(x.to("jax"), src_key_padding_mask=mask.to("jax"))
-                torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+            got = encoder(x.to("jax"), src_key_padding_mask=mask.to("jax"))
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ def _fast_path_inputs(info, dtype, requires_grad):
                 layer = {"d_model": 8, "nhead": 2, "dim_feedforward": 16, "batch_first": True, **kind}
                 if info.module_cls is torch.nn.TransformerEncoderLayer:
                     constructor = FunctionInput(**layer)
-                else:  # (nested tensors are not supported on jax yet: the fast path with dense inputs)
+                else:  # (the fast path with dense inputs; the nested one's kernels are CPU fallbacks on jax)
                     encoder_layer = torch.nn.TransformerEncoderLayer(**layer, dtype=dtype)
                     constructor = FunctionInput(encoder_layer, 2, enable_nested_tensor=False)
                 inputs.append(

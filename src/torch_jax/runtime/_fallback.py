@@ -207,11 +207,9 @@ def _as_device_view(r: Tensor, to_cpu: _ToCpu):
 
 def _upload_result(r: Tensor, index: int) -> Tensor:
     if r.is_nested:  # (eval-mode nn.TransformerEncoder with a padding mask, under no_grad)
-        raise NotImplementedError(
-            "torch_jax: nested tensors are not supported on the jax device yet; an op that makes one ran on the "
-            "CPU and its nested result cannot move to jax. For nn.TransformerEncoder's inference fast path, "
-            "construct it with enable_nested_tensor=False."
-        )
+        from torch_jax.tensor import _nested
+
+        return _nested.moved(r, torch.device("jax", index))
     if _storage.dense_perm(r.shape, r.stride()) is not None:
         stride = r.stride()
     else:

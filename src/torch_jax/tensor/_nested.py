@@ -244,7 +244,7 @@ def _cpu_fallback(op):
         def cpu(t):
             if not _is_device(t):
                 return t
-            return to_cpu.setdefault(id(t), (t, _moved(t, "cpu")))[1]
+            return to_cpu.setdefault(id(t), (t, moved(t, "cpu")))[1]
 
         out = op(*_map(cpu, args), **{k: _map(cpu, v) for k, v in kwargs.items()})
         back = {id(c): t for t, c in to_cpu.values()}
@@ -252,13 +252,13 @@ def _cpu_fallback(op):
             orig = args[i] if i < len(args) else kwargs.get(op._schema.arguments[i].name)
             if _is_device(orig):
                 _write_back(orig, to_cpu[id(orig)][1])
-        return _map(lambda r: back[id(r)] if id(r) in back else _moved(r, device), out)
+        return _map(lambda r: back[id(r)] if id(r) in back else moved(r, device), out)
 
     kernel.__name__ = f"nested_cpu_{op._opname}"
     return kernel
 
 
-def _moved(t, device):
+def moved(t, device):
     """``t`` on ``device``; a nested tensor keeps its layout (strides and offsets) over a
     copy of its whole buffer (``.to`` would need a contiguous one)."""
     if not t.is_nested:
