@@ -412,10 +412,14 @@ def _expand(mask, data, axis):
     return mask.reshape(mask.shape + (1,) * inner)
 
 
+_SEGMENT_NAMES = {"amax": "max", "amin": "min"}  # (PyTorch's reduction names: the same reductions)
+
+
 @lower(aten.segment_reduce.default, static=("initial",))
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     ax = axis % data.ndim
     dt = data.dtype
+    reduce = _SEGMENT_NAMES.get(reduce, reduce)
     xa = data.astype(jnp.float32) if dt in _LOW else data
     starts, ends = _segments(data, lengths, offsets, ax)
     m = _expand(_segment_mask(data, starts, ends, ax), data, ax)  # (lead..., S, N, inner...)
@@ -442,6 +446,7 @@ def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=
 def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
     ax = axis % data.ndim
     dt = data.dtype
+    reduce = _SEGMENT_NAMES.get(reduce, reduce)
     f = (lambda t: t.astype(jnp.float32)) if dt in _LOW else (lambda t: t)
     g, out, x = f(grad), f(output), f(data)
     starts, ends = _segments(data, lengths, offsets, ax)
