@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from torch_jax.report import _sweep
+from torch_jax.report import _sparse, _sweep
 
 
 def _aten_status():
@@ -445,11 +445,16 @@ def main(argv=None) -> int:
     md = markdown(summary, results, meta)
     if modules is not None:
         md = replace_modules_section(md, modules_markdown(modules, meta))
+    sparse = None if names else _sparse.run(max_samples=args.max_samples, progress=not args.quiet)  # report/_sparse.py
+    if sparse is not None:
+        md = md.rstrip("\n") + "\n\n" + "\n".join(_sparse.markdown(sparse)) + "\n"
     with open(os.path.join(args.out, "COVERAGE.md"), "w") as f:
         f.write(md)
     data = {"meta": meta, "summary": summary, "results": [r.__dict__ for r in results]}
     if modules is not None:
         data["modules"] = [r.__dict__ for r in modules]
+    if sparse is not None:
+        data["sparse"] = [r.__dict__ for r in sparse]
     with open(os.path.join(args.out, "coverage.json"), "w") as f:
         json.dump(data, f, indent=1)
     if not args.quiet:
