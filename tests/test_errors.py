@@ -53,6 +53,7 @@ SAME_AS_CPU = {
     "gather_out_of_range": lambda d: torch.zeros(2, 3, device=d).gather(1, torch.tensor([[0], [3]]).to(d)),
     "mask_shape": lambda d: torch.zeros(4, 2, device=d)[torch.tensor([True, False]).to(d)],
     "clamp_no_bounds": lambda d: torch.clamp(torch.zeros(3, device=d)),
+    "int_division_by_zero": lambda d: torch.remainder(torch.tensor([3, 4]).to(d), 0),
     "native_dropout_p_above_1": lambda d: torch.native_dropout(torch.ones(3, device=d), 1.5, True),
     "native_dropout_p_below_0": lambda d: torch.native_dropout(torch.ones(3, device=d), -0.5, None),
     "alpha_float_for_int": lambda d: torch.add(
@@ -68,6 +69,14 @@ def test_error_matches_cpu(name):
     assert cpu_type is not None, "the CPU oracle raises"
     assert jax_type is cpu_type, f"{jax_type} != {cpu_type}: {jax_msg}"
     assert jax_msg == cpu_msg or _same_gist(jax_msg, cpu_msg), f"\njax: {jax_msg}\ncpu: {cpu_msg}"
+
+
+def test_integer_division_by_zero_of_no_elements_is_no_error():
+    # (the CPU checks the divisors it divides by: none, for an empty result)
+    for op in (torch.remainder, torch.fmod, lambda a, b: torch.div(a, b, rounding_mode="floor")):
+        got = op(torch.tensor([], dtype=torch.int64, device="jax"), 0)
+        torch.jax.synchronize()  # (fused eager: a value error would surface here)
+        assert got.shape == (0,) and got.dtype == torch.int64
 
 
 def _same_gist(a: str, b: str) -> bool:

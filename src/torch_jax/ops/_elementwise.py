@@ -6,6 +6,8 @@ functional overload and the executor derives ``exp_`` and ``exp.out``.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -240,16 +242,17 @@ def true_divide(a, b):
 binary(aten.div, true_divide, INT_TO_FLOAT)
 
 
-def _check_int_divisor(b):
-    # PyTorch's CPU kernels raise on an integer division by zero (CUDA returns garbage)
-    if not jnp.issubdtype(b.dtype, jnp.inexact):
+def _check_int_divisor(a, b):
+    # PyTorch's CPU kernels raise on an integer division by zero (CUDA returns garbage),
+    # of the elements they divide: none of an empty result
+    if not jnp.issubdtype(b.dtype, jnp.inexact) and math.prod(jnp.broadcast_shapes(jnp.shape(a), b.shape)):
         check(jnp.any(b == 0), RuntimeError, "ZeroDivisionError")
 
 
-def _int_divisor(b):
+def _int_divisor(a, b):
     """``b`` with zeros replaced by ones, so that XLA's division does not trap (the
     zeros themselves were reported by :func:`_check_int_divisor`)."""
-    _check_int_divisor(b)
+    _check_int_divisor(a, b)
     return jnp.where(b == 0, jnp.ones_like(b), b)
 
 
@@ -261,7 +264,7 @@ def div_mode(a, b, rounding_mode=None):
     (a, b), out = promote(a, b)
     if rounding_mode == "trunc":
         if jnp.issubdtype(a.dtype, jnp.integer):
-            return cast(lax.div(*jnp.broadcast_arrays(a, _int_divisor(b))), out)
+            return cast(lax.div(*jnp.broadcast_arrays(a, _int_divisor(a, b))), out)
         return cast(jnp.trunc(a / b), out)
     if rounding_mode == "floor":
         return cast(_floor_divide(a, b), out)
@@ -270,7 +273,7 @@ def div_mode(a, b, rounding_mode=None):
 
 def _floor_divide(a, b):
     if jnp.issubdtype(a.dtype, jnp.integer):
-        return jnp.floor_divide(a, _int_divisor(b))
+        return jnp.floor_divide(a, _int_divisor(a, b))
     # PyTorch's floor division for floats: computed from fmod so that (a // b) * b + a % b == a
     mod = jnp.fmod(a, b)
     div = (a - mod) / b
@@ -282,13 +285,13 @@ def _floor_divide(a, b):
 
 def _remainder(a, b):
     if jnp.issubdtype(a.dtype, jnp.integer):
-        return jnp.remainder(a, _int_divisor(b))
+        return jnp.remainder(a, _int_divisor(a, b))
     return jnp.remainder(a, b)
 
 
 def _fmod(a, b):
     if jnp.issubdtype(a.dtype, jnp.integer):
-        return lax.rem(*jnp.broadcast_arrays(a, _int_divisor(b)))
+        return lax.rem(*jnp.broadcast_arrays(a, _int_divisor(a, b)))
     return jnp.fmod(a, b)
 
 
