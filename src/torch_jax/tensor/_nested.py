@@ -48,7 +48,7 @@ _REDISPATCH = frozenset(
     linear linear_backward logical_not logical_not_ masked_fill.Scalar matmul
     matmul_backward mul.Tensor mul_.Tensor narrow native_dropout native_dropout_backward
     neg neg_ normal_ ones_like relu relu_ select.int sgn sgn_ silu silu_ silu_backward sin
-    split_with_sizes sqrt squeeze.dim squeeze.dims sub.Tensor tanh tanh_ threshold_backward
+    split_with_sizes sqrt squeeze squeeze.dim squeeze.dims sub.Tensor tanh tanh_ threshold_backward
     to_padded_tensor transpose.int unbind.int unsqueeze values view where.self_out zero_
     """.split()
 )
@@ -212,8 +212,10 @@ _PYTHON_KERNELS = {
 
 
 # dense ops that make a nested tensor from a jax tensor: the CPU kernels only build
-# the nested tensor's metadata and call at:: ops (NOTE [Nested kernels redispatch to the CPU's])
-_DENSE_REDISPATCH = ("aten::_nested_view_from_buffer", "aten::_nested_from_padded")
+# the nested tensor's metadata and call at:: ops (NOTE [Nested kernels redispatch to the CPU's]);
+# _nested_tensor_from_mask reads the mask with at:: ops (cumsum, argmin, equal) and
+# calls _nested_from_padded
+_DENSE_REDISPATCH = ("aten::_nested_view_from_buffer", "aten::_nested_from_padded", "aten::_nested_tensor_from_mask")
 _DENSE_CPU = DispatchKeySet(DispatchKey.CPU)
 
 
