@@ -221,3 +221,26 @@ def test_report_table():
     results = [_sparse.check(abs_op, layout, torch.float32, max_samples=1) for layout in _sparse.LAYOUTS]
     text = "\n".join(_sparse.markdown(results))
     assert "| abs | ok | ok |" in text and "**2 of 2 (OpInfo, layout, dtype) cases" in text
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_products_without_a_kernel_fall_back_with_their_gradients(allow_fallback):
+    # (sampled_addmm and the reducing sparse.mm run on the CPU; the reducing product's
+    # CPU kernel keeps the arg-max indices for its backward only for inputs that require
+    # grad, so the fallback's copies must keep the flag)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 5, generator=g).relu().to_sparse_csr()
+    m1, m2 = torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g)
+    assert_same(
+        torch.sparse.sampled_addmm(a.to("jax"), m1.to("jax"), m2.to("jax"), beta=0.5),
+        torch.sparse.sampled_addmm(a, m1, m2, beta=0.5),
+    )
+    w = torch.randn(5, 4, generator=g)
+    for reduce in ("sum", "amax"):
+        results = []
+        for device in ("cpu", "jax"):
+            s = a.detach().to(device).requires_grad_()
+            x = w.detach().to(device).requires_grad_()
+            torch.sparse.mm(s, x, reduce).square().sum().backward()
+            results.append((x.grad, s.grad))
+        assert_same(results[1], results[0])

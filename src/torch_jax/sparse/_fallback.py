@@ -29,7 +29,9 @@ def _device_of(args, kwargs):
 
 def _to(x, device):
     if isinstance(x, Tensor):
-        return x.to(device)
+        # (below autograd the copy would not require grad; some CPU kernels read the flag:
+        # _sparse_mm_reduce_impl returns the arg-max indices its backward needs only then)
+        return x.to(device).requires_grad_(x.requires_grad)
     if isinstance(x, (list, tuple)):
         return type(x)(_to(y, device) for y in x)
     if isinstance(x, torch.device) and x.type != "cpu" and device.type == "cpu":
