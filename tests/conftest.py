@@ -67,6 +67,15 @@ def strict_mode():
     torch_jax.set_mode(before)
 
 
+@pytest.fixture(params=["strict", "fused"])
+def mode(request):
+    """Each eager mode in turn, whatever the run's (the tests whose subject is in both)."""
+    before = torch_jax.config.mode
+    torch_jax.set_mode(request.param)
+    yield request.param
+    torch_jax.set_mode(before)
+
+
 @pytest.fixture
 def allow_fallback():
     torch_jax.config.fallback = "silent"

@@ -15,14 +15,6 @@ A = torch.accelerator
 MB100 = 25_000_000 * 4  # bytes of 25M float32
 
 
-@pytest.fixture(params=["strict", "fused"])
-def mode(request):
-    before = torch_jax.config.mode
-    torch_jax.set_mode(request.param)
-    yield request.param
-    torch_jax.set_mode(before)
-
-
 def _settle():
     torch_jax.mark_step()
     gc.collect()

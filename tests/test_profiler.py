@@ -13,17 +13,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-import torch_jax
-
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
-
-
-@pytest.fixture(params=["strict", "fused"])
-def mode(request):
-    before = torch_jax.config.mode
-    torch_jax.set_mode(request.param)
-    yield request.param
-    torch_jax.set_mode(before)
 
 
 def _program(x):
