@@ -112,6 +112,17 @@ def test_what_is_past_the_length_never_reaches_a_result():
     torch.testing.assert_close(t.cpu(), x)
 
 
+def test_data_dependent_ops_read_a_flat_view_of_padded_rows_in_its_shape():
+    # (a (12,) view of a (3, 4) tensor in padded rows, its comparison and clone stored in
+    # the same rows: nonzero must see 12 elements, not the storage's (3, 4))
+    x = torch.tensor([[0.0, 1.5, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0], [-3.0, 0.0, 4.0, 0.0]])
+    with config_as(bucketing="force"):
+        t = x.to("jax")
+        flat = t.reshape(12)
+        torch.testing.assert_close(torch.nonzero(flat != 0).cpu(), torch.nonzero(x.reshape(12) != 0))
+        torch.testing.assert_close(flat[flat != 0].cpu(), x.reshape(12)[x.reshape(12) != 0])
+
+
 def test_buckets_are_powers_of_two_from_16():
     assert [_buckets.size(n) for n in (1, 16, 17, 64, 65, 600)] == [16, 16, 32, 64, 128, 1024]
 

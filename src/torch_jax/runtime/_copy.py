@@ -97,7 +97,10 @@ def logical_array(t: torch.Tensor, reason: str = "data-dependent"):
         if not (t.is_conj() or t.is_neg()):
             return _storage.array(box, reason)
     out = _executor.run(_executor.SPECS[aten.clone.default], (t, torch.contiguous_format))
-    return _storage.array(_storage.box_of(out), reason)
+    arr = _storage.array(_storage.box_of(out), reason)
+    # (a clone in padded rows keeps its storage's shape, which a view's may not be: the
+    # (12,) view of a (3, 4) tensor, NOTE [Padded rows] in runtime/_buckets)
+    return arr if arr.shape == tuple(t.shape) else arr.reshape(tuple(t.shape))
 
 
 def to_numpy(arr) -> np.ndarray:
