@@ -35,6 +35,16 @@ def config_as(**settings):
             setattr(torch_jax.config, name, value)
 
 
+def fused_share(cases: list, every: int) -> list:
+    """The cases a test file runs: all of them in strict mode, a fixed 1/``every`` of them
+    in a run in fused mode (``TORCH_JAX_MODE=fused``), for test files whose cases run the
+    same lowerings that fused eager records into graphs (CI's budget);
+    ``TORCH_JAX_FUSED_SHARE=full`` runs all of them there too."""
+    if torch_jax.config.mode != "fused" or os.environ.get("TORCH_JAX_FUSED_SHARE") == "full":
+        return cases
+    return cases[::every]
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("two_devices") and torch.jax.device_count() < 2:
         pytest.skip(f"needs two jax devices; this JAX platform ({torch.jax.get_device_name(0)}) has one")

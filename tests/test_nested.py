@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_jax
-from conftest import config_as
+from conftest import config_as, fused_share
 
 # (constructing a strided nested tensor warns that the API is a prototype)
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
@@ -449,7 +449,7 @@ def _devices(x):
     return []
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", fused_share(sorted(CASES), 2))
 def test_matches_cpu(name):
     program = CASES[name]
     expected = program("cpu")
@@ -592,7 +592,7 @@ ERROR_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ERROR_CASES))
+@pytest.mark.parametrize("name", fused_share(sorted(ERROR_CASES), 3))
 def test_errors_match_cpu(name):
     with pytest.raises(Exception) as cpu:
         ERROR_CASES[name]("cpu")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_jax
+from conftest import fused_share
 from torch_jax.report import _sparse
 
 INDICES = torch.tensor([[0, 1, 1, 0, 2], [2, 0, 2, 2, 1]])  # (sparse_dim, nnz), with a duplicate
@@ -204,7 +205,7 @@ def _cases():
             yield pytest.param(op, layout, id=f"{op.name}-{name}", marks=marks)
 
 
-@pytest.mark.parametrize("op, layout", list(_cases()))
+@pytest.mark.parametrize("op, layout", fused_share(list(_cases()), 2))
 def test_opinfo_sparse_samples(op, layout):
     kind = "unary" if _sparse._is_unary(op) else "reduction"
     result = _sparse.check(op, layout, torch.float32, max_samples=MAX_SAMPLES[kind])
