@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 import torch_jax
 from benchmarks import workloads
 
-_DEFAULT = ("mlp", "gpt2")
+_DEFAULT = ("mlp", "gpt-2")
 
 
 def _measure(setup, repeats: int) -> dict:
