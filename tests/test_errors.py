@@ -53,6 +53,7 @@ SAME_AS_CPU = {
     "gather_out_of_range": lambda d: torch.zeros(2, 3, device=d).gather(1, torch.tensor([[0], [3]]).to(d)),
     "mask_shape": lambda d: torch.zeros(4, 2, device=d)[torch.tensor([True, False]).to(d)],
     "clamp_no_bounds": lambda d: torch.clamp(torch.zeros(3, device=d)),
+    "fill_with_a_1d_value": lambda d: torch.ones(3, device=d).fill_(torch.tensor([1.0]).to(d)),
     "int_division_by_zero": lambda d: torch.remainder(torch.tensor([3, 4]).to(d), 0),
     "native_dropout_p_above_1": lambda d: torch.native_dropout(torch.ones(3, device=d), 1.5, True),
     "native_dropout_p_below_0": lambda d: torch.native_dropout(torch.ones(3, device=d), -0.5, None),

@@ -26,6 +26,10 @@ def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocki
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(self, value):
+    if jnp.ndim(value):  # (torch 2.13's Meta kernel says so; earlier ones leave it to the CPU's)
+        raise RuntimeError(
+            f"fill_ only supports 0-dimension value tensor but got tensor with {jnp.ndim(value)} dimensions."
+        )
     return jnp.full(self.shape, cast(value, self.dtype), self.dtype)
 
 
