@@ -264,9 +264,9 @@ def _usage(idx: int):
     return _storage.usage(idx)
 
 
-def _allocated(idx: int) -> tuple[int, int]:
-    """(current, peak) bytes allocated on jax:idx (NOTE [Memory statistics])."""
-    raw = _memory_stats(idx)
+def _allocated(idx: int, raw: dict) -> tuple[int, int]:
+    """(current, peak) bytes allocated on jax:idx, given its PJRT statistics ``raw``
+    (NOTE [Memory statistics])."""
     if "bytes_in_use" not in raw:
         u = _usage(idx)
         return u.current, u.peak
@@ -280,11 +280,10 @@ def _allocated(idx: int) -> tuple[int, int]:
     return current, peak
 
 
-def _reserved(idx: int) -> tuple[int, int]:
-    raw = _memory_stats(idx)
+def _reserved(idx: int, raw: dict) -> tuple[int, int]:
     if "bytes_reserved" in raw:
         return int(raw["bytes_reserved"]), int(raw.get("peak_bytes_reserved", raw["bytes_reserved"]))
-    return _allocated(idx)
+    return _allocated(idx, raw)
 
 
 def memory_stats(device=None) -> collections.OrderedDict:
@@ -292,8 +291,9 @@ def memory_stats(device=None) -> collections.OrderedDict:
     pool; NOTE [Memory statistics]), then the PJRT client's own as ``jax.*``."""
     idx = _index(device)
     u = _usage(idx)
-    current, peak = _allocated(idx)
-    reserved, reserved_peak = _reserved(idx)
+    raw = _memory_stats(idx)
+    current, peak = _allocated(idx, raw)
+    reserved, reserved_peak = _reserved(idx, raw)
     out = collections.OrderedDict()
     for kind in ("allocated_bytes", "active_bytes", "requested_bytes"):
         out[f"{kind}.all.current"] = current
@@ -309,25 +309,29 @@ def memory_stats(device=None) -> collections.OrderedDict:
     out["reserved_bytes.all.peak"] = reserved_peak
     out["num_alloc_retries"] = 0
     out["num_ooms"] = 0
-    for k, v in _memory_stats(idx).items():
+    for k, v in raw.items():
         out[f"jax.{k}"] = v
     return out
 
 
 def memory_allocated(device=None) -> int:
-    return _allocated(_index(device))[0]
+    idx = _index(device)
+    return _allocated(idx, _memory_stats(idx))[0]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _allocated(_index(device))[1]
+    idx = _index(device)
+    return _allocated(idx, _memory_stats(idx))[1]
 
 
 def memory_reserved(device=None) -> int:
-    return _reserved(_index(device))[0]
+    idx = _index(device)
+    return _reserved(idx, _memory_stats(idx))[0]
 
 
 def max_memory_reserved(device=None) -> int:
-    return _reserved(_index(device))[1]
+    idx = _index(device)
+    return _reserved(idx, _memory_stats(idx))[1]
 
 
 def _host_memory() -> tuple[int, int]:
