@@ -625,9 +625,60 @@ def cpu_only(rank, size):
     assert not _registration.is_initialized() and "jax" not in sys.modules
 
 
+_before_group = {}  # what a device-first script made before init_process_group
+
+
+def _device_first() -> None:
+    """The order of PyTorch's DDP tutorial and most scripts (NOTE [Any order under a
+    launcher]): the device chosen, a model and a tensor on it, and only then the group."""
+    local = int(os.environ["LOCAL_RANK"])
+    torch.accelerator.set_device_index(local)
+    model = _model().to(torch.accelerator.current_accelerator())  # (jax, the current device: jax:LOCAL_RANK)
+    _before_group.update(local=local, model=model, t=torch.full((3,), float(local + 1), device=f"jax:{local}"))
+
+
+def device_first(rank, size, *args):
+    """The device was used before init_process_group: each rank owns jax:LOCAL_RANK, the
+    tensor made before the group takes part in its collectives, and DDP of the model moved
+    before it (with ``device_ids``, as the tutorial writes it) trains as one CPU process
+    on every rank's batch does."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    local, model, t = _before_group["local"], _before_group["model"], _before_group["t"]
+    assert torch.accelerator.current_device_index() == local and t.device == torch.device("jax", local)
+    assert next(model.parameters()).device == torch.device("jax", local)
+    dist.all_reduce(t)
+    _same(t, torch.full((3,), float(sum(range(1, size + 1)))), "all_reduce of a tensor made before the group")
+    model = DDP(model, device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch(rank)
+    device = torch.device("jax", local)
+    losses = []
+    for _ in range(2):
+        loss = _loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        losses.append(loss.detach())
+        opt.step()
+        opt.zero_grad()
+    reference = _model()
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [_batch(r) for r in range(size)]
+    want = []
+    for _ in range(2):
+        mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
+        mean.backward()
+        want.append(mean.item())
+        ropt.step()
+        ropt.zero_grad()
+    _same_losses(losses, want, "DDP, device first")
+    for p, q in zip(model.module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
 def early(rank, size):
-    """The device used before init_process_group: the first collective on jax says why it
-    cannot run."""
+    """Outside a launcher's environment (the ranks given to init_process_group, no RANK
+    variable), the device used before init_process_group: the first collective on jax says
+    why it cannot run."""
     t = torch.ones(2, device="jax")
     try:
         dist.all_reduce(t)
@@ -679,9 +730,15 @@ def mismatched(rank, size):
 
 def main():
     scenario = sys.argv[1]
+    if scenario.startswith("device_first"):
+        _device_first()
+    kwargs = {}
     if scenario == "early":
+        # (no launcher's variables: the ranks come as arguments, as mp.spawn scripts pass them)
+        kwargs = {"rank": int(os.environ.pop("RANK")), "world_size": int(os.environ.pop("WORLD_SIZE"))}
+        kwargs["init_method"] = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         torch.ones(1, device="jax")  # (the device starts here, JAX with it)
-    dist.init_process_group(timeout=datetime.timedelta(seconds=15) if scenario == "dead_rank" else None)
+    dist.init_process_group(timeout=datetime.timedelta(seconds=15) if scenario == "dead_rank" else None, **kwargs)
     rank, size = dist.get_rank(), dist.get_world_size()
     scenarios = {
         "collectives": collectives,
@@ -690,7 +747,9 @@ def main():
         "fsdp": fsdp,
         "tensor_parallel": tensor_parallel,
     }
-    scenarios.update(cpu_only=cpu_only, early=early, dead_rank=dead_rank, mismatched=mismatched)
+    scenarios.update(
+        cpu_only=cpu_only, early=early, device_first=device_first, dead_rank=dead_rank, mismatched=mismatched
+    )
     scenarios.update(checkpoint=checkpoint, checkpoint_reload=checkpoint_reload, pipeline=pipeline, compiled=compiled)
     scenarios.update(two_d=two_d, raises=raises)
     for name in scenario.split(","):  # (several a launch: one start of torchrun, torch and JAX)

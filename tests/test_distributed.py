@@ -43,7 +43,9 @@ def _torchrun(scenario: str, nproc: int = 2, *args: str):
     "scenarios",
     # (several a launch, where a fresh process is not the point: each launch starts torchrun,
     # two processes, torch and JAX, seconds of CI's time)
-    ["collectives,mismatched,ddp,ddp_unused", "fsdp,tensor_parallel,pipeline", "compiled", "cpu_only", "early"],
+    # (device_first: the usual order, the device chosen and used before init_process_group;
+    # the scenarios after it in the launch run on jax:LOCAL_RANK)
+    ["device_first,collectives,mismatched,ddp,ddp_unused", "fsdp,tensor_parallel,pipeline", "compiled", "cpu_only", "early"],
 )
 def test_two_processes(scenarios):
     _torchrun(scenarios)
@@ -57,7 +59,8 @@ def test_checkpoint_saved_by_two_processes_loads_on_two_and_on_one(tmp_path):
     """DCP: two ranks save FSDP2's shards and Adam's state and load them back; then one
     process loads the same files into a plain model (another world size)."""
     _torchrun("checkpoint", 2, str(tmp_path))
-    _torchrun("checkpoint_reload", 1, str(tmp_path))
+    # (and the device first in a one-process job: no JAX runtime to start, as before)
+    _torchrun("device_first,checkpoint_reload", 1, str(tmp_path))
 
 
 def test_a_rank_that_raises_ends_the_run_at_once():
@@ -73,8 +76,9 @@ def test_a_rank_that_raises_ends_the_run_at_once():
     assert time.monotonic() - start < 100, text[-6000:]  # (rank 0 would sleep 200 s)
 
 
-def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
-    """Started by hand, not by torchrun (whose agent would stop the other rank itself)."""
+def _by_hand(scenario: str):
+    """Two processes started with torchrun's variables but not by torchrun (as mp.spawn
+    scripts and other launchers do): rank 0 hosts the store. Their exit codes and outputs."""
     _skip_without_devices(2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,7 +87,7 @@ def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, "dead_rank"],
+            [sys.executable, WORKER, scenario],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -92,5 +96,19 @@ def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
         for r in range(2)
     ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
+    return procs, outs
+
+
+def test_the_device_first_with_the_variables_of_a_launcher_but_no_torchrun():
+    """NOTE [Any order under a launcher]: rank 0's store, made when its device starts,
+    serves init_process_group's store after it."""
+    procs, outs = _by_hand("device_first")
+    for r in range(2):
+        assert procs[r].returncode == 0 and f"{r} ok device_first" in outs[r], outs[r][-6000:]
+
+
+def test_a_rank_that_dies_gives_the_others_an_error_within_the_timeout():
+    """Started by hand, not by torchrun (whose agent would stop the other rank itself)."""
+    procs, outs = _by_hand("dead_rank")
     assert procs[1].returncode == 3, outs[1][-3000:]
     assert procs[0].returncode == 0 and "0 ok dead_rank" in outs[0], outs[0][-6000:]

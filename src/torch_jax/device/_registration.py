@@ -121,7 +121,10 @@ def initialize() -> None:
         share_gpu_memory()  # NOTE [GPU memory beside PyTorch]
         _host_memory.keep_freed_blocks(_host_memory.platform())  # NOTE [Host memory of the CPU device]
         register()
-        if "torch.distributed.distributed_c10d" in sys.modules:  # NOTE [The jax process group]
+        # NOTE [The jax process group], NOTE [Any order under a launcher]
+        from torch_jax import distributed
+
+        if "torch.distributed.distributed_c10d" in sys.modules or distributed.launched():
             from torch_jax.distributed import _backend
 
             _backend.start_runtime()

@@ -9,7 +9,21 @@ processes) and tensors on the CPU (through gloo, which the group holds beside).
 
 from __future__ import annotations
 
+import os
+
 NAME = "jax"
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched() -> bool:
+    """Whether the environment says this process is one of a multi-process job (torchrun's
+    variables; NOTE [Any order under a launcher] in distributed/_backend)."""
+    if not all(os.environ.get(name) for name in _LAUNCH_VARS):
+        return False
+    try:
+        return int(os.environ["WORLD_SIZE"]) > 1
+    except ValueError:
+        return False
 
 
 def install() -> None:

@@ -7,9 +7,20 @@ backend does, so creating the group only records its store, rank and size; the d
 when it first starts (``torch_jax.initialize``), starts JAX's runtime first, from the
 same rendezvous: rank 0 picks a free port beside ``MASTER_ADDR`` and tells the others
 through the group's store. On the CPU each process gets ``LOCAL_WORLD_SIZE`` CPU
-devices, as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``'s. A
-program that used the device before ``init_process_group`` gets a clear error at its
-first collective on ``jax``.
+devices, as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``'s.
+
+NOTE [Any order under a launcher]: most scripts choose the device first and create the
+group after (``set_device_index(LOCAL_RANK)``, the model on the device, then
+``init_process_group()``: PyTorch's DDP tutorial, TorchTitan, Ray Train's workers, whose
+``train_loop_config`` arrives before their group). Where the environment says the process
+is one of a job (``RANK``, ``WORLD_SIZE`` over 1, ``MASTER_ADDR`` and ``MASTER_PORT``, as
+torchrun, ``torch.distributed.launch`` and Ray Train set them), a device that starts
+before any group starts JAX's runtime itself, through the rendezvous ``env://`` that
+``init_process_group()`` will use: torchrun's agent store, or rank 0's multi-tenant
+store, which the group's own store later shares (the one kept here holds its server).
+So ``jax:LOCAL_RANK`` exists from the first use, and tensors made before the group work
+in its collectives. Outside such an environment a program that used the device before
+``init_process_group`` gets a clear error at its first collective on ``jax``.
 
 Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
 row ``r`` of an array sharded over a mesh of one device per rank: the device of the
@@ -37,15 +48,20 @@ from torch.futures import Future
 _KEY = "torch_jax/coordinator"
 _world = None  # (store, rank, size, timeout) of the first jax group, until JAX's runtime starts
 _started = False
+_launch_store = None  # NOTE [Any order under a launcher]
 _CHECK = os.environ.get("TORCH_JAX_DIST_CHECK", "1") != "0"  # NOTE [Mismatched collectives]
 
 
 def start_runtime() -> None:
-    """Start JAX's distributed runtime for the first jax group (before JAX's backend)."""
+    """Start JAX's distributed runtime (before JAX's backend) for the first jax group, or,
+    before any, for the launcher's job (NOTE [Any order under a launcher])."""
     global _started
-    if _started or _world is None:
+    if _started:
         return
-    store, rank, size, timeout = _world
+    world = _world or _launched_world()
+    if world is None:
+        return
+    store, rank, size, timeout = world
     _started = True
     if size == 1:
         return
@@ -83,6 +99,23 @@ def start_runtime() -> None:
         heartbeat_timeout_seconds=min(seconds, 100),
         shutdown_timeout_seconds=min(seconds, 300),
     )
+
+
+def _launched_world():
+    """(store, rank, size, timeout) of the launcher's job, through ``env://`` (None when the
+    process is not one of a job)."""
+    global _launch_store
+    from torch_jax.distributed import launched
+
+    if not launched():
+        return None
+    from torch.distributed.constants import default_pg_timeout
+
+    store, rank, size = next(dist.rendezvous("env://", timeout=default_pg_timeout))
+    _launch_store = store  # (rank 0's server, when it hosts one, lives as long as a store of it)
+    # (torchrun's agent store outlives a restart of the workers: each attempt its own keys)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"torch_jax/launch/{attempt}", store), rank, size, default_pg_timeout
 
 
 def _exit_on_uncaught_exceptions() -> None:
