@@ -8,7 +8,8 @@ import os
 
 # before JAX is imported (torch_jax imports it on first use of the device)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# (no test writes the user's persistent compilation cache; tests/test_compile.py checks it in its own directory)
+# (no test writes the user's persistent compilation cache; tests/test_compile.py checks it in its own
+# directory; CI turns it on in a directory of its own, shared by its stages: .ci/run)
 os.environ.setdefault("TORCH_JAX_COMPILATION_CACHE", "0")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()

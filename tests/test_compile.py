@@ -248,7 +248,9 @@ def test_compilations_are_counted_with_their_reasons(capsys):
     printed = capsys.readouterr().out
     assert "compiling torch.compile graph" in printed and "new graph" in printed
     stats = torch_jax.stats()
-    assert stats["compiled_graph_compiles"] == 1 and stats["compiled_graph_hits"] == 1
+    # (a run with a persistent cache, as CI's, may load the graph that another process compiled)
+    made = stats.get("compiled_graph_compiles", 0) + stats.get("compiled_graph_loads", 0)
+    assert made == 1 and stats["compiled_graph_hits"] == 1
     assert stats["compiled_graph_reasons"] == {"new graph": 1}
     # a graph that keeps compiling for new shapes warns once (NOTE [Shapes that keep changing])
     torch._dynamo.reset()
