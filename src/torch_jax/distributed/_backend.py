@@ -35,6 +35,7 @@ group holds beside (host copies for ``send``/``recv`` of jax tensors).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import socket
 import sys
@@ -98,7 +99,17 @@ def start_runtime() -> None:
         initialization_timeout=seconds,
         heartbeat_timeout_seconds=min(seconds, 100),
         shutdown_timeout_seconds=min(seconds, 300),
+        # (a job on one machine's loopback keeps JAX's coordinator there too: it listens on
+        # every interface otherwise)
+        coordinator_bind_address=address if _loopback(address.rsplit(":", 1)[0]) else None,
     )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _launched_world():
