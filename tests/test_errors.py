@@ -201,3 +201,136 @@ def test_a_failing_lowering_of_an_op_for_privateuse1_only_is_reported_as_ours(mo
     monkeypatch.setattr(spec, "cache", {})
     with pytest.raises(RuntimeError, match="torch_jax bug"):
         F.scaled_dot_product_attention(q, q, q).sum().backward()
+
+
+# NOTE [Asserts are value checks] in ops/_asserts: torch._assert_async and the aten ops
+# under it raise the CPU's error (strict eager at the op, fused eager and compiled graphs
+# at the next wait) and never take the CPU fallback (an error in these tests).
+aten = torch.ops.aten
+ASSERTS = {
+    "zero": lambda d: aten._assert_async(torch.tensor(0, device=d)),
+    "one": lambda d: aten._assert_async(torch.tensor(1, device=d)),
+    "false_with_message": lambda d: torch._assert_async(torch.tensor(False, device=d), "not {positive}"),
+    "true_with_message": lambda d: torch._assert_async(torch.tensor(True, device=d), "unused"),
+    "empty_message": lambda d: aten._assert_async.msg(torch.tensor(0.0, device=d), ""),
+    "nan_is_nonzero": lambda d: aten._assert_async.msg(torch.tensor(float("nan"), device=d), "nan"),
+    "complex_imaginary_part": lambda d: aten._assert_async.msg(torch.tensor(1j, device=d), "imag"),
+    "complex_zero": lambda d: aten._assert_async.msg(torch.tensor(0j, device=d), "zero"),
+    "one_element_2d": lambda d: aten._assert_async.msg(torch.tensor([[0]], device=d), "2d"),
+    "element_of_a_view": lambda d: torch._assert_async(torch.tensor([1, 0, 2], device=d)[1], "view"),
+    "computed": lambda d: torch._assert_async((torch.arange(3, device=d) < 2).all(), "all below 2"),
+    "several_elements": lambda d: torch._assert_async(torch.tensor([1, 2], device=d), "many"),
+    "no_elements": lambda d: aten._assert_async(torch.tensor([], device=d)),
+    "functional_passes": lambda d: aten._functional_assert_async.msg(
+        torch.tensor(2, device=d), "f", torch.ones(2, device=d)
+    ).add(1),
+    "functional_fails": lambda d: aten._functional_assert_async.msg(
+        torch.tensor(0, device=d), "functional", torch.ones(2, device=d)
+    ),
+}
+
+
+def _outcome(fn, device):
+    try:
+        out = fn(device)
+        if device == "jax":
+            torch.jax.synchronize()
+    except RuntimeError as e:
+        return "raised", str(e)
+    return "returned", None if out is None else out.cpu().tolist()
+
+
+@pytest.mark.parametrize("name", sorted(ASSERTS))
+def test_assert_async_matches_cpu(name, mode):
+    assert _outcome(ASSERTS[name], "jax") == _outcome(ASSERTS[name], "cpu")
+
+
+def test_a_failing_assert_async_raises_at_the_op_in_strict_mode_and_at_the_next_wait_in_fused(mode):
+    import torch_jax
+
+    x = torch.arange(4.0, device="jax")
+    graphs = torch_jax.stats().get("graphs_run", 0)
+    if mode == "strict":
+        with pytest.raises(RuntimeError, match="^values below 3$"):
+            torch._assert_async((x < 3).all(), "values below 3")
+        return
+    y = x * 2
+    torch._assert_async((x < 3).all(), "values below 3")  # (recorded: no wait, no graph run)
+    z = y + 1
+    assert torch_jax.stats().get("graphs_run", 0) == graphs
+    with pytest.raises(RuntimeError, match="^values below 3$"):
+        torch.jax.synchronize()
+    assert torch_jax.stats()["graphs_run"] == graphs + 1  # (the assert ran inside the step's graph)
+    assert z.tolist() == [1.0, 3.0, 5.0, 7.0]  # (raised once; the results are there)
+
+
+def test_assert_async_in_a_compiled_function_runs_in_the_graph():
+    import torch_jax
+
+    def f(x):
+        y = x * 2
+        torch._assert_async((y > 0).all(), "all positive")
+        return y + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="jax")
+    x = torch.tensor([1.0, 2.0])
+    eager_graphs = torch_jax.stats().get("compiled_graphs_eager", 0)
+    assert compiled(x.to("jax")).tolist() == f(x).tolist()
+    with pytest.raises(RuntimeError, match="^all positive$") as cpu_error:
+        f(-x)
+    bad = compiled(-x.to("jax"))  # (as on CUDA, the graph's check surfaces at the next wait)
+    with pytest.raises(RuntimeError) as jax_error:
+        torch.jax.synchronize()
+    assert str(jax_error.value) == str(cpu_error.value)
+    assert bad.shape == (2,)
+    assert torch_jax.stats().get("compiled_graphs_eager", 0) == eager_graphs  # (one XLA computation, not op by op)
+    torch._dynamo.reset()
+
+
+def test_checks_on_dynamic_sizes_keep_a_compiled_graph_whole():
+    # torch._check on a size leaves aten._assert_scalar in the graph (dynamic shapes)
+    import torch_jax
+
+    def f(x):
+        torch._check(x.shape[0] % 2 == 0, lambda: "an even length")
+        return x.view(2, -1) * 2
+
+    outcomes = []
+    for backend, device in (("aot_eager", "cpu"), ("jax", "jax")):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=backend, dynamic=True)
+        eager_graphs = torch_jax.stats().get("compiled_graphs_eager", 0)
+        got = [compiled(torch.arange(float(n), device=device)).cpu().tolist() for n in (4, 6)]
+        assert torch_jax.stats().get("compiled_graphs_eager", 0) == eager_graphs
+        try:
+            compiled(torch.arange(5.0, device=device))
+            raised = None
+        except Exception as e:  # noqa: BLE001 (Dynamo's own error type, whatever the backend)
+            raised = (type(e).__name__, "an even length" in str(e))
+        outcomes.append((got, raised))
+    torch._dynamo.reset()
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[0][1] is not None
+
+
+def test_a_failing_check_on_sizes_in_a_compiled_graph_raises_the_cpus_error():
+    # (Dynamo guards on such a check, so a failing call compiles anew and fails before any
+    # backend sees it, as above; a graph made by make_fx reaches the rule itself)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_jax.compile._graph import Program
+
+    def f(x):
+        aten._assert_scalar.default(x.shape[0] % 2 == 0, "an even length")
+        return (x * 2,)
+
+    graph = make_fx(f, tracing_mode="symbolic")(torch.ones(4, device="jax"))
+    program = Program(graph, None, "checks")
+    assert program.eager is None  # (one XLA computation)
+    assert program([torch.arange(4.0, device="jax")])[0].tolist() == [0.0, 2.0, 4.0, 6.0]
+    with pytest.raises(RuntimeError) as cpu_error:
+        graph(torch.ones(5))
+    with pytest.raises(RuntimeError) as jax_error:
+        program([torch.ones(5, device="jax")])
+    assert str(jax_error.value) == str(cpu_error.value) == "an even length"

@@ -234,3 +234,19 @@ def _shape_arg(x, rest):
     if rest and isinstance(rest[0], (list, tuple)):
         return tuple(rest[0])
     return x.shape
+
+
+@rule(aten._assert_scalar.default)
+def _assert_scalar(val, cond, assert_msg):
+    # ``torch._check`` on sizes (dynamic shapes) leaves this in the graph. Sizes arrive as
+    # ints (NOTE [Compiled graphs]), so the condition is a Python bool here and the call
+    # raises the CPU's error before the computation runs, as eager's kernel does; only a
+    # condition on a value read from a tensor would be traced, and the graphs that read
+    # one (``_local_scalar_dense``) run op by op. (NOTE [Asserts are value checks] in
+    # ops/_asserts: ``_assert_async`` on a tensor is a lowering, checked after the graph.)
+    if not isinstance(cond, (bool, int, float, np.bool_)):
+        from torch_jax.compile._graph import Unsupported
+
+        raise Unsupported("aten._assert_scalar of a value read from a tensor")
+    if not cond:
+        raise RuntimeError(assert_msg)

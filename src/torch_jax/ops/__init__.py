@@ -4,6 +4,7 @@ fills it; each module holds one family of ops."""
 from torch_jax.ops import (  # noqa: F401
     _activations,
     _amp,
+    _asserts,
     _conv,
     _core,
     _elementwise,
