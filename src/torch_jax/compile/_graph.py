@@ -228,7 +228,10 @@ class Program:
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.output = next(n for n in self.nodes if n.op == "output")
-        self.constants = [n for n in self.nodes if n.op == "get_attr"]
+        # (tensors; a get_attr of a graph, a higher-order op's score_mod, is no input)
+        self.constants = [
+            n for n in self.nodes if n.op == "get_attr" and not isinstance(getattr(gm, n.target), torch.fx.GraphModule)
+        ]
         self.entries: dict = {}
         self.reshaped = 0  # compilations for new input shapes (NOTE [Shapes that keep changing])
         self.eager = None  # the reason this graph runs op by op, once known
@@ -250,7 +253,10 @@ class Program:
                         self.random.append(n)
                     continue
                 if isinstance(n.target, torch._ops.HigherOrderOperator):
-                    raise Unsupported(f"the higher-order op {n.target.name()}")
+                    from torch_jax.compile import _flex
+
+                    self.plans[n] = _flex.plan(n, gm)  # NOTE [Blockwise flex attention]
+                    continue
                 if not isinstance(n.target, torch._ops.OpOverload):
                     continue  # (operator.getitem, SymInt arithmetic)
                 if n.target in _SIZE_OPS:
@@ -529,6 +535,8 @@ class Program:
             return x
 
         for n in self.nodes:
+            if n.op == "get_attr" and n not in position:  # (a higher-order op's graph)
+                env[n] = getattr(self.gm, n.target)
             if n.op != "call_function":
                 continue
             op = n.target
@@ -577,6 +585,8 @@ class Program:
         kind = plan[0]
         if kind == "collective":
             return plan[1](*args, **kwargs)
+        if kind == "hop":
+            return plan[1](n, args, index, checks, plan[2])
         if kind == "rule":
             return plan[1](val, *_schema_args(op, args, kwargs))
         if kind == "random_factory":
