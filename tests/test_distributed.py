@@ -45,7 +45,13 @@ def _torchrun(scenario: str, nproc: int = 2, *args: str):
     # two processes, torch and JAX, seconds of CI's time)
     # (device_first: the usual order, the device chosen and used before init_process_group;
     # the scenarios after it in the launch run on jax:LOCAL_RANK)
-    ["device_first,collectives,mismatched,ddp,ddp_unused", "fsdp,tensor_parallel,pipeline", "compiled", "cpu_only", "early"],
+    [
+        "device_first,collectives,mismatched,ddp,ddp_unused",
+        "fsdp,tensor_parallel,pipeline",
+        "compiled",
+        "cpu_only",
+        "early",
+    ],
 )
 def test_two_processes(scenarios):
     _torchrun(scenarios)

@@ -425,6 +425,67 @@ def test_from_pretrained_with_device_map_jax(tmp_path):
         )
 
 
+def _save_with_tokenizer(model, path):
+    """``model`` and a word-level tokenizer of its VOCAB ids ("t0" ... "t95"), made here (a
+    pipeline loads both from the folder; nothing is downloaded)."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0").save_pretrained(path)
+    model.save_pretrained(path)
+
+
+def test_device_map_auto_and_pipeline_load_on_jax_and_generate_the_cpus_tokens(tmp_path):
+    # NOTE [Hub kernels on jax] in device/_patches: transformers 5.25 kernelizes with the map
+    # accelerate planned ({"": 0}: the accelerator's index), and again at train()/eval()
+    torch.manual_seed(0)
+    cpu = MODELS["gpt2"]().eval()
+    _save_with_tokenizer(cpu, tmp_path)
+    text = "t5 t17 t3 t40 t9"
+    # (one prompt of 5 tokens with its mask, as the pipeline generates: the same computations)
+    prompt = dict(input_ids=torch.tensor([[5, 17, 3, 40, 9]]), attention_mask=torch.ones(1, 5, dtype=torch.int64))
+    greedy = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    expected = cpu.generate(**prompt, **greedy)
+    on_jax = {k: v.to("jax") for k, v in prompt.items()}
+
+    dev = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto")
+    assert {p.device for p in dev.parameters()} == {torch.device("jax", 0)}
+    assert dev.lm_head.weight is dev.transformer.wte.weight  # still tied
+    assert torch.equal(dev.generate(**on_jax, **greedy).cpu(), expected)
+    dev.train()
+    dev.eval()
+    assert torch.equal(dev.generate(**on_jax, **greedy).cpu(), expected)
+
+    # NOTE [Pipelines on jax] in device/_patches: the pipeline runs where the map put the model
+    pipe = transformers.pipeline("text-generation", model=str(tmp_path), device_map="auto")
+    assert pipe.device == pipe.model.device == torch.device("jax", 0)
+    on_cpu = transformers.pipeline("text-generation", model=str(tmp_path), device="cpu")
+    assert pipe(text, **greedy) == on_cpu(text, **greedy)
+
+    # NOTE [Device-map memory on XLA:CPU] in device/_patches: the budget is each jax device's
+    # free memory, and the host's as "cpu" only where the device's memory is not the host's;
+    # a max_memory too small for the model offloads the rest to the CPU, whence accelerate's
+    # hooks bring each layer to jax:0 when it runs (the model: 0.44 MB, a block 0.2 MB)
+    from accelerate.utils import get_max_memory
+
+    on_host = torch.jax.get_device_properties(0).platform == "cpu"
+    assert sorted(get_max_memory(), key=str) == list(range(torch.jax.device_count())) + ([] if on_host else ["cpu"])
+    budget = {0: 300_000, "cpu": 10**9}
+    pipe = transformers.pipeline(
+        "text-generation", model=str(tmp_path), device_map="auto", model_kwargs={"max_memory": budget}
+    )
+    assert set(pipe.model.hf_device_map.values()) == {0, "cpu"}
+    assert pipe.device == torch.device("jax", 0)
+    assert pipe(text, **greedy) == on_cpu(text, **greedy)
+    pipe.model.train()  # (kernelizes with the device the map runs on, jax:0, not the offloaded layers' "meta")
+    pipe.model.eval()
+    assert pipe(text, **greedy) == on_cpu(text, **greedy)
+    # (an index is the accelerator's device, as on CUDA)
+    by_index = transformers.pipeline("text-generation", model=str(tmp_path), device=0)
+    assert by_index.device == by_index.model.device == torch.device("jax", 0)
+
+
 # An unchanged Trainer script, as a user writes it for any accelerator: nothing names a
 # device. Run in a fresh process (with ACCELERATE_TORCH_DEVICE unset), as a user runs it.
 _TRAINER_SCRIPT = """

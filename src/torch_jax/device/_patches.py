@@ -7,10 +7,13 @@ import functools
 import importlib.abc
 import importlib.util
 import io
+import logging
 import sys
 import threading
 
 import torch
+
+from torch_jax.device import _flex, _ray
 
 NAME = "jax"
 
@@ -19,7 +22,11 @@ def install() -> None:
     _patch_storage_pickle()
     _patch_module_apply()
     _patch_hub_kernels()
+    _patch_max_memory()
+    _patch_pipelines()
     _patch_training_args()
+    on_import("torch.nn.attention.flex_attention", _flex.allow_jax)  # NOTE [FlexAttention on jax]
+    on_import("ray.train.torch.config", _ray.patch_torch_config)  # NOTE [Ray Train on jax]
 
 
 def _patch_storage_pickle() -> None:
@@ -134,6 +141,14 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 # empty kernel mapping, which gives every layer its PyTorch forward (what transformers'
 # own ``reset_kernels`` does), as kernelizing with no kernel found does on other devices.
 # transformers is patched when it imports the module, or at once if it already has.
+#
+# Where the model was loaded with a device map, the map says where it runs (offloaded
+# parameters sit on "meta"): ``device_map="auto"`` and accelerate's planning give device
+# indices (``{"": 0}``), which name the current accelerator as ``torch.device(0)`` does,
+# so jax here. The first device that is not "cpu" or "disk" is the one it runs on, as
+# transformers reads the map, and it is kept on the model (as a ``torch.device``, which
+# transformers' later kernelizations read; its own int 0 would be falsy) for the
+# kernelizations of ``train()``/``eval()``.
 def _patch_hub_kernels() -> None:
     on_import("transformers.integrations.hub_kernels", _wrap_kernelize)
 
@@ -146,22 +161,29 @@ def _wrap_kernelize(hub_kernels) -> None:
     @functools.wraps(kernelize)
     def wrapper(model, mode=None, kernel_config=None, device_map=None):
         if device_map is not None:
-            on_jax = any(_names_jax(d) for d in device_map.values())
-        else:
-            on_jax = _names_jax(getattr(model, "_kernels_device", None) or model.device)
-        if not on_jax:
+            runs_on = _device_of_map(device_map)
+            if _names_jax(runs_on):
+                model._kernels_device = torch.device(runs_on)
+        runs_on = getattr(model, "_kernels_device", None)
+        if not _names_jax(model.device if runs_on is None else runs_on):
             return kernelize(model, mode=mode, kernel_config=kernel_config, device_map=device_map)
         from transformers.utils.kernel_config import KernelConfig
 
-        saved = model.__dict__.get("_kernels_device")
         model._kernels_device = "cpu"  # (a device kernels knows; the mapping is empty)
+        # (kernels warns of each layer that the empty mapping lacks: "No kernel mapping found
+        # for layer ...", five times for a two-layer GPT-2, which no other device shows; the
+        # logger is the one transformers' own ``suppress_kernels_logging`` quiets)
+        log = logging.getLogger("kernels._internals.layer.layer")
+        level = log.level
+        log.setLevel(logging.ERROR)
         try:
             kernelize(model, mode=mode, kernel_config=KernelConfig(kernel_mapping={}, inherit_mapping=False))
         finally:
-            if saved is None:
-                del model._kernels_device
+            log.setLevel(level)
+            if runs_on is None:
+                model.__dict__.pop("_kernels_device", None)
             else:
-                model._kernels_device = saved
+                model._kernels_device = runs_on
 
     wrapper._torch_jax = True
     hub_kernels.kernelize = wrapper
@@ -170,10 +192,108 @@ def _wrap_kernelize(hub_kernels) -> None:
         modeling_utils.kernelize = wrapper
 
 
+def _device_of_map(device_map: dict):
+    """The device a model loaded with ``device_map`` runs on (its first value that is not
+    "cpu" or "disk", else "cpu"), as transformers' ``kernelize`` reads the map."""
+    return next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
+
+
 def _names_jax(device) -> bool:
-    if isinstance(device, str):
-        return device.split(":")[0] == NAME
+    """``device`` (a torch.device, a string, or an accelerator index) is a jax device."""
+    if isinstance(device, (str, int)) and not isinstance(device, bool):
+        try:
+            device = torch.device(device)  # (an int: the current accelerator's device of that index)
+        except (RuntimeError, ValueError):  # ("disk", and names that are no device)
+            return False
     return isinstance(device, torch.device) and device.type == NAME
+
+
+# NOTE [Device-map memory on XLA:CPU]: ``device_map="auto"`` plans with accelerate's
+# ``get_max_memory``: each accelerator's free memory (``torch.accelerator.get_memory_info``,
+# which is ``torch.jax.mem_get_info``: the PJRT allocator's limit less its bytes in use on
+# a GPU or TPU), then the host's free memory as "cpu", where offloaded layers wait. On
+# XLA:CPU a jax device's buffers are host memory, so that budget counted the host's
+# memory twice, and a model larger than it was planned into memory half on jax:0 and half
+# on "cpu", rather than offloaded to disk as on a CPU-only machine. accelerate drops "cpu"
+# for the devices that share host memory (MPS, integrated CUDA GPUs); on XLA:CPU it is
+# dropped the same way. A ``max_memory`` the caller gives is theirs and is kept.
+def _patch_max_memory() -> None:
+    on_import("accelerate.utils.modeling", _wrap_get_max_memory)
+
+
+def _wrap_get_max_memory(modeling) -> None:
+    get_max_memory = getattr(modeling, "get_max_memory", None)
+    if get_max_memory is None or getattr(get_max_memory, "_torch_jax", False):
+        return
+
+    @functools.wraps(get_max_memory)
+    def wrapper(max_memory=None):
+        planned = get_max_memory(max_memory)
+        if max_memory is None and _host_is_the_device():
+            planned.pop("cpu", None)
+        return planned
+
+    wrapper._torch_jax = True
+    modeling.get_max_memory = wrapper
+    # (names bound before the patch: accelerate's re-export, transformers' import of it,
+    # as ``get_max_memory`` in 5.0 and ``accelerate_max_memory`` in 5.25)
+    for module, name in (
+        ("accelerate.utils", "get_max_memory"),
+        ("transformers.integrations.accelerate", "get_max_memory"),
+        ("transformers.integrations.accelerate", "accelerate_max_memory"),
+    ):
+        if getattr(sys.modules.get(module), name, None) is get_max_memory:
+            setattr(sys.modules[module], name, wrapper)
+
+
+def _host_is_the_device() -> bool:
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type == NAME and torch.jax.get_device_properties(0).platform == "cpu"
+
+
+# NOTE [Pipelines on jax]: a pipeline takes its device as an index of the accelerator
+# (``device=0``; given none, the first device of the model's ``hf_device_map``, else 0)
+# and turns an index into a device through the accelerators transformers knows (CUDA,
+# XPU, MPS, NPU...): an index of any other is the CPU. So with transformers 5.0,
+# ``pipeline(..., device_map="auto")`` moved the model that accelerate had put on jax:0
+# back to the CPU (a one-device map leaves no ``hf_device_map``; 5.25 passes the model's
+# device itself), a model split by a device map got its inputs on the CPU, and
+# ``device=0`` meant the CPU. Where jax is the accelerator, an index names a jax device
+# here, as ``torch.device(0)`` does, and a model already on jax stays there when no device
+# is given (a CPU model stays on the CPU: no pipeline moves to jax unasked). A device the
+# caller names (``"cpu"``, a ``torch.device``, -1) is left alone.
+def _patch_pipelines() -> None:
+    on_import("transformers.pipelines.base", _wrap_pipeline_init)
+
+
+def _wrap_pipeline_init(base) -> None:
+    cls = getattr(base, "Pipeline", None)
+    init = None if cls is None else cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_torch_jax", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        model = kwargs.get("model", args[0] if args else None)
+        mapped = getattr(model, "hf_device_map", None)
+        device = kwargs.get("device")
+        if mapped is None:
+            if device is None and _names_jax(getattr(model, "device", None)):
+                kwargs["device"] = model.device
+            elif _is_index(device) and _names_jax(device):
+                kwargs["device"] = torch.device(device)
+            return init(self, *args, **kwargs)
+        init(self, *args, **kwargs)  # (a device beside a device map is an error there)
+        first = next(iter(mapped.values()), None)
+        if device is None and _is_index(first) and _names_jax(first):
+            self.device = torch.device(first)
+
+    __init__._torch_jax = True
+    cls.__init__ = __init__
+
+
+def _is_index(device) -> bool:
+    return isinstance(device, int) and not isinstance(device, bool) and device >= 0
 
 
 # NOTE [The Trainer's device]: accelerate (1.16) finds the accelerator through
