@@ -85,6 +85,19 @@ def collectives(rank, size):
                 dist.reduce_scatter_tensor(want, big)
                 dist.reduce_scatter_tensor(got, big.to("jax"))
                 _same(got, want, f"reduce_scatter_tensor {dtype}")
+            if dtype is torch.float32:
+                # PREMUL_SUM (FSDP2's gradient reduce-scatter with a divide factor; gloo has
+                # none): the sum of each rank's tensor times the factor, a float or a tensor
+                for factor in (0.25, torch.tensor(0.5)):
+                    premul = dist._make_nccl_premul_sum(factor)
+                    wants = [torch.empty_like(big) for _ in range(size)]
+                    dist.all_gather(wants, big)
+                    total = sum(w * factor for w in wants)
+                    dist.reduce_scatter_tensor(got, big.to("jax"), op=premul)
+                    torch.testing.assert_close(got.cpu(), total[2 * rank : 2 * rank + 2])
+                    t = big.to("jax")
+                    dist.all_reduce(t, op=premul)
+                    torch.testing.assert_close(t.cpu(), total)
             want = torch.empty_like(big)
             got = torch.empty_like(big, device="jax")
             dist.all_to_all_single(want, big)

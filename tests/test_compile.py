@@ -329,6 +329,26 @@ def test_training_steps_with_a_compiled_optimizer_step_match_cpu():
         torch.testing.assert_close(q.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
 
 
+def test_complex_rotary_embedding_compiles_whole_with_its_gradients():
+    """Llama's rotary embedding in complex numbers (TorchTitan's): its backward holds
+    ``aten._conj``, which a graph computes as the conjugate itself; the graph runs as one
+    computation (the fallback is an error here) and matches the CPU."""
+
+    def rope(x, freqs):  # x (B, T, H, D), freqs (T, D/2) complex
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs[None, :, None, :]).flatten(3)
+
+    x = torch.randn(2, 5, 3, 8)
+    freqs = torch.polar(torch.ones(5, 4), torch.outer(torch.arange(5.0), torch.rand(4)))
+    calls = _stat("compiled_graph_calls")
+    got_x = x.to("jax").requires_grad_()
+    torch.compile(rope, backend="jax")(got_x, freqs.to("jax")).square().sum().backward()
+    want_x = x.clone().requires_grad_()
+    rope(want_x, freqs).square().sum().backward()
+    assert _stat("compiled_graph_calls") - calls == 2  # (the forward and the backward, each whole)
+    torch.testing.assert_close(got_x.grad.cpu(), want_x.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_an_op_without_lowering_runs_the_graph_op_by_op(allow_fallback):
     """A graph with an op the table cannot run still works (op by op, through the CPU
     fallback where needed), warns, and is an error under TORCH_JAX_FALLBACK=error."""

@@ -115,6 +115,9 @@ _RANDOM_FACTORIES = {
 _EAGER_AS = {
     aten.convolution.default: (aten.convolution_overrideable.default, lambda a: a),
     aten.convolution_backward.default: (aten.convolution_backward_overrideable.default, lambda a: a[:3] + a[4:]),
+    # (a graph's values are arrays, not views with a conjugate bit: the conjugate is made;
+    # a complex rotary embedding's backward holds it, TorchTitan's)
+    aten._conj.default: (aten._conj_physical.default, lambda a: a),
 }
 
 

@@ -283,13 +283,13 @@ class JaxProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------ collectives
 
     def allreduce(self, tensors, opts=None):
-        op = _op(opts)
         if tensors[0].device.type == "cpu":
             return self._gloo.allreduce(tensors, opts)
         for t in tensors:
+            x, op = _premultiplied(t, opts)
             if op == "avg" and not (t.is_floating_point() or t.is_complex()):
                 raise ValueError(f"torch_jax: all_reduce with ReduceOp.AVG needs a floating tensor, got {t.dtype}")
-            self._write(t, self._run("allreduce", t, op, str(t.dtype))[0])
+            self._write(t, self._run("allreduce", x, op, str(t.dtype))[0])
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -307,7 +307,8 @@ class JaxProcessGroup(dist.ProcessGroup):
         if tensors[0].device.type == "cpu":
             return self._gloo.reduce(tensors, opts)
         for t in tensors:
-            result = self._run("allreduce", t, _op(opts), str(t.dtype))[0]
+            x, op = _premultiplied(t, opts)
+            result = self._run("allreduce", x, op, str(t.dtype))[0]
             if self._rank == opts.rootRank:
                 self._write(t, result)
         return _done(tensors)
@@ -352,7 +353,7 @@ class JaxProcessGroup(dist.ProcessGroup):
         return _done(outputs)
 
     def _reduce_scatter(self, output, stacked, opts):
-        op = _op(opts)
+        stacked, op = _premultiplied(stacked, opts)
         # every rank's row for this rank, reduced: a gather of the rows, then the reduction
         rows = self._run("allreduce", stacked, op, str(stacked.dtype))[0]
         self._write(output, rows[self._rank])
@@ -450,6 +451,20 @@ class JaxProcessGroup(dist.ProcessGroup):
         return _done(tensors)
 
 
+def _premultiplied(t: torch.Tensor, opts):
+    """(the tensor to reduce, the reduction's name): ``PREMUL_SUM(factor)``, which FSDP2
+    reduce-scatters gradients with (its divide factor), is the sum of each rank's tensor
+    times the factor, multiplied in the tensor's dtype as NCCL does; the others reduce
+    ``t`` itself."""
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    if op == dist.ReduceOp.PREMUL_SUM:
+        factor = op.factor
+        if isinstance(factor, torch.Tensor):
+            factor = factor.to(t.device, t.dtype)
+        return t * factor, "sum"
+    return t, _op(opts)
+
+
 def _op(opts) -> str:
     op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     names = {
@@ -465,7 +480,8 @@ def _op(opts) -> str:
     for value, name in names.items():
         if op == value:
             return name
-    raise NotImplementedError(f"torch_jax: {op} on jax")
+    kind = getattr(op, "op", op)  # (a ReduceOp object prints its address; its RedOpType its name)
+    raise NotImplementedError(f"torch_jax: ReduceOp {getattr(kind, 'name', kind)} on jax tensors")
 
 
 @functools.cache
