@@ -224,6 +224,23 @@ def _same_losses(losses, want, what):
     torch.testing.assert_close(got.cpu(), torch.tensor(want), rtol=1e-5, atol=1e-6, msg=f"{what}'s losses")
 
 
+def _trained_on_the_cpu(size, passes):
+    """The model trained by SGD in one CPU process on every rank's batch, ``passes[k]``
+    backward passes accumulated at step k (DDP's ``no_sync``): the model and each step's loss."""
+    reference = _model()
+    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [_batch(r) for r in range(size)]
+    want = []
+    for n in passes:
+        for _ in range(n):
+            mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
+            mean.backward()
+        want.append(mean.item())
+        ropt.step()
+        ropt.zero_grad()
+    return reference, want
+
+
 def ddp(rank, size):
     """DDP on jax against one process on the CPU training on every rank's batch: the
     losses of each step (the ranks' mean) and the final parameters."""
@@ -242,17 +259,7 @@ def ddp(rank, size):
         losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-    reference = _model()
-    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    batches = [_batch(r) for r in range(size)]
-    want = []
-    for step in range(3):
-        for _ in range(2 if step == 1 else 1):
-            mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
-            mean.backward()
-        want.append(mean.item())
-        ropt.step()
-        ropt.zero_grad()
+    reference, want = _trained_on_the_cpu(size, [1, 2, 1])
     _same_losses(losses, want, "DDP")
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
@@ -673,16 +680,7 @@ def device_first(rank, size, *args):
         losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-    reference = _model()
-    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    batches = [_batch(r) for r in range(size)]
-    want = []
-    for _ in range(2):
-        mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
-        mean.backward()
-        want.append(mean.item())
-        ropt.step()
-        ropt.zero_grad()
+    reference, want = _trained_on_the_cpu(size, [1, 1])
     _same_losses(losses, want, "DDP, device first")
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
