@@ -484,6 +484,12 @@ def test_device_map_auto_and_pipeline_load_on_jax_and_generate_the_cpus_tokens(t
     # (an index is the accelerator's device, as on CUDA)
     by_index = transformers.pipeline("text-generation", model=str(tmp_path), device=0)
     assert by_index.device == by_index.model.device == torch.device("jax", 0)
+    # (and given no device, the accelerator's first, as on CUDA; a model on jax:1 stays there)
+    default = transformers.pipeline("text-generation", model=str(tmp_path))
+    assert default.device == default.model.device == torch.device("jax", 0)
+    if torch.jax.device_count() > 1:
+        stays = transformers.pipeline("text-generation", model=default.model.to("jax:1"), tokenizer=default.tokenizer)
+        assert stays.device == stays.model.device == torch.device("jax", 1)
 
 
 # An unchanged Trainer script, as a user writes it for any accelerator: nothing names a

@@ -259,9 +259,10 @@ def _host_is_the_device() -> bool:
 # back to the CPU (a one-device map leaves no ``hf_device_map``; 5.25 passes the model's
 # device itself), a model split by a device map got its inputs on the CPU, and
 # ``device=0`` meant the CPU. Where jax is the accelerator, an index names a jax device
-# here, as ``torch.device(0)`` does, and a model already on jax stays there when no device
-# is given (a CPU model stays on the CPU: no pipeline moves to jax unasked). A device the
-# caller names (``"cpu"``, a ``torch.device``, -1) is left alone.
+# here, as ``torch.device(0)`` does; given no device, a pipeline runs on jax:0, as it runs
+# on cuda:0 (transformers' default index is 0), except that a model already on a jax
+# device stays there. A device the caller names (``"cpu"``, a ``torch.device``, -1) is
+# left alone.
 def _patch_pipelines() -> None:
     on_import("transformers.pipelines.base", _wrap_pipeline_init)
 
@@ -278,9 +279,10 @@ def _wrap_pipeline_init(base) -> None:
         mapped = getattr(model, "hf_device_map", None)
         device = kwargs.get("device")
         if mapped is None:
-            if device is None and _names_jax(getattr(model, "device", None)):
-                kwargs["device"] = model.device
-            elif _is_index(device) and _names_jax(device):
+            if device is None:
+                on = getattr(model, "device", None)
+                device = on if _names_jax(on) else 0
+            if _names_jax(device) and (_is_index(device) or isinstance(device, torch.device)):
                 kwargs["device"] = torch.device(device)
             return init(self, *args, **kwargs)
         init(self, *args, **kwargs)  # (a device beside a device map is an error there)
