@@ -224,23 +224,6 @@ def _same_losses(losses, want, what):
     torch.testing.assert_close(got.cpu(), torch.tensor(want), rtol=1e-5, atol=1e-6, msg=f"{what}'s losses")
 
 
-def _trained_on_the_cpu(size, passes):
-    """The model trained by SGD in one CPU process on every rank's batch, ``passes[k]``
-    backward passes accumulated at step k (DDP's ``no_sync``): the model and each step's loss."""
-    reference = _model()
-    ropt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    batches = [_batch(r) for r in range(size)]
-    want = []
-    for n in passes:
-        for _ in range(n):
-            mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
-            mean.backward()
-        want.append(mean.item())
-        ropt.step()
-        ropt.zero_grad()
-    return reference, want
-
-
 def ddp(rank, size):
     """DDP on jax against one process on the CPU training on every rank's batch: the
     losses of each step (the ranks' mean) and the final parameters."""
@@ -259,7 +242,7 @@ def ddp(rank, size):
         losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-    reference, want = _trained_on_the_cpu(size, [1, 2, 1])
+    reference, want = _reference(size, 3, accumulated=(1,))
     _same_losses(losses, want, "DDP")
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
@@ -314,16 +297,18 @@ def ddp_unused(rank, size):
             torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=f"{options} {name}")
 
 
-def _reference(size, steps):
+def _reference(size, steps, accumulated=()):
     """One CPU process training ``_model()`` on every rank's batch (the mean of the ranks'
-    losses): the model and each step's loss."""
+    losses), a second backward pass accumulated at the steps in ``accumulated`` (DDP's
+    ``no_sync``): the model and each step's loss."""
     reference = _model()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     batches = [_batch(r) for r in range(size)]
     losses = []
-    for _ in range(steps):
-        mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
-        mean.backward()
+    for step in range(steps):
+        for _ in range(2 if step in accumulated else 1):
+            mean = sum(_loss(reference(bx), by) for bx, by in batches) / size
+            mean.backward()
         losses.append(mean.item())
         opt.step()
         opt.zero_grad()
@@ -680,7 +665,7 @@ def device_first(rank, size, *args):
         losses.append(loss.detach())
         opt.step()
         opt.zero_grad()
-    reference, want = _trained_on_the_cpu(size, [1, 1])
+    reference, want = _reference(size, 2)
     _same_losses(losses, want, "DDP, device first")
     for p, q in zip(model.module.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
