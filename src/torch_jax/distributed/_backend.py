@@ -11,16 +11,17 @@ devices, as each process on a GPU host sees all its GPUs and uses ``LOCAL_RANK``
 
 NOTE [Any order under a launcher]: most scripts choose the device first and create the
 group after (``set_device_index(LOCAL_RANK)``, the model on the device, then
-``init_process_group()``: PyTorch's DDP tutorial, TorchTitan, Ray Train's workers, whose
-``train_loop_config`` arrives before their group). Where the environment says the process
-is one of a job (``RANK``, ``WORLD_SIZE`` over 1, ``MASTER_ADDR`` and ``MASTER_PORT``, as
-torchrun, ``torch.distributed.launch`` and Ray Train set them), a device that starts
+``init_process_group()``: PyTorch's DDP tutorial, TorchTitan). Where the environment says
+the process is one of a job (``RANK``, ``WORLD_SIZE`` over 1, ``MASTER_ADDR`` and
+``MASTER_PORT``, as torchrun and ``torch.distributed.launch`` set them), a device that starts
 before any group starts JAX's runtime itself, through the rendezvous ``env://`` that
 ``init_process_group()`` will use: torchrun's agent store, or rank 0's multi-tenant
 store, which the group's own store later shares (the one kept here holds its server).
 So ``jax:LOCAL_RANK`` exists from the first use, and tensors made before the group work
 in its collectives. Outside such an environment a program that used the device before
-``init_process_group`` gets a clear error at its first collective on ``jax``.
+``init_process_group`` gets a clear error at its first collective on ``jax``. (Ray Train
+unpickles a worker's ``train_loop_config`` before it sets these variables there: a jax
+tensor in it starts the device as a single process; docs/launchers.md says so.)
 
 Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
 row ``r`` of an array sharded over a mesh of one device per rank: the device of the
