@@ -36,6 +36,7 @@ def train_loop_per_worker(config):
     import torch.distributed as dist
 
     model, x, y = make_model_and_data()
+    shift = config["shift"]  # (a jax tensor made in the driver, unpickled before the group exists)
     device = ray.train.torch.get_device()
     model = ray.train.torch.prepare_model(model)
     optimizer = make_optimizer(model)
@@ -44,7 +45,7 @@ def train_loop_per_worker(config):
     seen = set()
     for xb, yb in loader:
         seen.add(str(xb.device))
-        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss = torch.nn.functional.mse_loss(model(xb), yb + shift.to(xb.device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -55,6 +56,7 @@ def train_loop_per_worker(config):
         "local_rank": context.get_local_rank(),
         "device": str(device),
         "current": str(torch.ones(1, device="jax").device),
+        "config": str(shift.device),
         "batches": sorted(seen),
         "parameters": sorted({str(p.device) for p in model.parameters()}),
         "model": type(model).__name__,
@@ -89,7 +91,8 @@ def main(out: str) -> None:
             json.dump({"manager": driver}, f)
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"out": out},
+            # (zeros: the CPU reference has no shift)
+            train_loop_config={"out": out, "shift": torch.zeros(3, device="jax")},
             scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
             torch_config=TorchConfig(backend="jax"),
             run_config=RunConfig(storage_path=os.path.join(out, "runs"), name="jax"),

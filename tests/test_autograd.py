@@ -158,3 +158,32 @@ def test_custom_autograd_function():
         Cube.apply(x).sum().backward()
         grads.append(x.grad)
     _close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("call", ["backward", "grad"])
+def test_backward_on_the_second_device_from_another_thread(call):
+    """NOTE [Backward on jax:N]: the engine's switch to the calling thread is per thread; a
+    backward on jax:1 from a thread other than the one that started the device (Ray Train's
+    training thread) hit the engine's internal assert on its device queues."""
+    import threading
+
+    torch.ones(1, device="jax")  # (the device starts on this thread)
+    out = {}
+
+    def work():
+        try:
+            x = torch.tensor([1.0, 2.0, 3.0], device="jax:1", requires_grad=True)
+            y = (x * x).sum()
+            out["grad"] = torch.autograd.grad(y, x)[0] if call == "grad" else (y.backward(), x.grad)[1]
+            out["multithreading"] = torch._C._is_multithreading_enabled()
+        except Exception as e:  # (re-raised on the test's thread)
+            out["error"] = e
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    assert out["grad"].device == torch.device("jax:1")
+    torch.testing.assert_close(out["grad"].cpu(), torch.tensor([2.0, 4.0, 6.0]))
+    assert out["multithreading"]  # (the thread's own setting is left as it was)

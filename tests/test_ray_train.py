@@ -119,6 +119,7 @@ def test_two_jax_workers_train_as_one_cpu_process():
             device = f"jax:{seen['local_rank']}"
             assert seen["device"] == device, seen  # ray.train.torch.get_device()
             assert seen["current"] == device, seen  # .to("jax") in the training function
+            assert seen["config"] == "jax:0", seen  # (as a cuda:0 tensor in the config would be)
             assert seen["parameters"] == [device] and seen["model"] == "DistributedDataParallel", seen  # prepare_model
             assert seen["batches"] == [device], seen  # prepare_data_loader
             assert seen["backend"] == "jax" and seen["accelerate"] == device, seen

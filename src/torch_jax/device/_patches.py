@@ -27,6 +27,7 @@ def install() -> None:
     _patch_training_args()
     on_import("torch.nn.attention.flex_attention", _flex.allow_jax)  # NOTE [FlexAttention on jax]
     on_import("ray.train.torch.config", _ray.patch_torch_config)  # NOTE [Ray Train on jax]
+    on_import("ray.train.v2._internal.execution.worker_group.worker_group", _ray.patch_worker_group)
 
 
 def _patch_storage_pickle() -> None:

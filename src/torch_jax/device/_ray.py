@@ -22,6 +22,17 @@ reaches the worker's own device. jax has no side streams, so batches are copied 
 device's one queue, as on the CPU. Other backends, workers and processes keep Ray's
 managers; nothing changes without the setting.
 
+Ray Train v2 sends ``train_loop_config`` to each worker inside the train context, which
+the worker unpickles before ``on_start``: a jax tensor in the config started the device
+there as a single process, before Ray had set torchrun's variables, and the group then
+had no ``jax:LOCAL_RANK`` beyond 0. So, for a jax group of several workers, the controller
+first gives each worker torchrun's variables (ranks from Ray's own ranking, the address
+and a free port of worker 0, as ``on_start`` takes them), and a device started by the
+unpickling starts JAX's runtime for the whole group (NOTE [Any order under a launcher]);
+``on_start`` later sets its own port for the group's store, which is then a second
+rendezvous of processes whose runtime already runs. (The controller unpickles the config
+too, outside any group: there a jax tensor is a single process's, as in the driver.)
+
 Nothing here imports Ray or JAX at import time (NOTE [Cheap autoload]): the patches run
 when Ray imports ``ray.train.torch.config``, in the driver, the controller and each worker.
 """
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import torch
 
@@ -64,6 +76,59 @@ def patch_torch_config(config) -> None:
 
         enter_jax._torch_jax = True
         context.__enter__ = enter_jax
+
+
+def patch_worker_group(module) -> None:
+    """Wraps ``WorkerGroup._init_train_context`` of Ray Train v2's module
+    ``ray.train.v2._internal.execution.worker_group.worker_group`` (once): a jax group's
+    workers get torchrun's variables before their train context, with the config in it,
+    is unpickled (NOTE [Ray Train on jax])."""
+    group = getattr(module, "WorkerGroup", None)
+    init = None if group is None else group.__dict__.get("_init_train_context")
+    if init is None or getattr(init, "_torch_jax", False):
+        return
+
+    @functools.wraps(init)
+    def init_jax(self, workers, *args, **kwargs):
+        config = getattr(getattr(self, "_train_run_context", None), "backend_config", None)
+        if getattr(config, "backend", None) == NAME:
+            _give_launch_variables(workers)
+        return init(self, workers, *args, **kwargs)
+
+    init_jax._torch_jax = True
+    group._init_train_context = init_jax
+
+
+def _give_launch_variables(workers) -> None:
+    """Sets torchrun's variables in each of a whole group's workers (a group of one, or
+    some workers replacing others in a running group, is left to Ray's ``on_start``)."""
+    import ray
+    from ray.train._internal.utils import get_address_and_port
+
+    contexts = [getattr(worker, "distributed_context", None) for worker in workers]
+    if len(workers) < 2 or any(c is None or c.world_size != len(workers) for c in contexts):
+        return
+    address, port = ray.get(workers[0].execute_async(get_address_and_port))
+    ray.get(
+        [
+            worker.execute_async(_set_launch_variables, context, address, port)
+            for worker, context in zip(workers, contexts)
+        ]
+    )
+
+
+def _set_launch_variables(context, address: str, port: int) -> None:
+    """Run in a Ray Train worker: torchrun's variables for its place in the group (as Ray's
+    ``on_start`` sets them, from the same ranks)."""
+    os.environ.update(
+        RANK=str(context.world_rank),
+        WORLD_SIZE=str(context.world_size),
+        LOCAL_RANK=str(context.local_rank),
+        LOCAL_WORLD_SIZE=str(context.local_world_size),
+        NODE_RANK=str(context.node_rank),
+        MASTER_ADDR=address,
+        MASTER_PORT=str(port),
+    )
 
 
 _jax_worker = False  # (set in a Ray Train worker whose group is jax's)

@@ -20,8 +20,8 @@ store, which the group's own store later shares (the one kept here holds its ser
 So ``jax:LOCAL_RANK`` exists from the first use, and tensors made before the group work
 in its collectives. Outside such an environment a program that used the device before
 ``init_process_group`` gets a clear error at its first collective on ``jax``. (Ray Train
-unpickles a worker's ``train_loop_config`` before it sets these variables there: a jax
-tensor in it starts the device as a single process; docs/launchers.md says so.)
+unpickles a worker's ``train_loop_config`` before it sets these variables there; for a
+jax group the variables are set first, NOTE [Ray Train on jax].)
 
 Each collective makes one global array from every rank's tensor (rank ``r``'s tensor is
 row ``r`` of an array sharded over a mesh of one device per rank: the device of the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import sys
 import warnings
@@ -231,6 +232,35 @@ def _below_autocast(kernel):
     return run
 
 
+def _backward_on_calling_thread() -> None:
+    """NOTE [Backward on jax:N]: the autograd engine sizes its device queues from the
+    Python device guard, which reports one device; backward on jax:1 then trips an
+    internal assert. Running backward on the calling thread avoids the device queues (and
+    makes kernels run on the thread that called backward). The engine's switch for that is
+    per thread, so every backward (``Tensor.backward``, ``autograd.backward`` and
+    ``autograd.grad`` all go through ``_engine_run_backward``) turns it off for its own
+    call: a backward on a thread other than the one that started the device (Ray Train's
+    training thread, a DataLoader-style worker, a user's thread) used the queues before."""
+    import torch.autograd.graph as graph
+
+    torch.autograd.set_multithreading_enabled(False)
+    run = graph._engine_run_backward
+    if getattr(run, "_torch_jax", False):
+        return
+
+    @functools.wraps(run)
+    def run_on_calling_thread(*args, **kwargs):
+        if not torch._C._is_multithreading_enabled():
+            return run(*args, **kwargs)
+        with torch.autograd.set_multithreading_enabled(False):
+            return run(*args, **kwargs)
+
+    run_on_calling_thread._torch_jax = True
+    # (torch.autograd imported the name from torch.autograd.graph; torch.compiler patches
+    # both the same way for its tracing)
+    graph._engine_run_backward = torch.autograd._engine_run_backward = run_on_calling_thread
+
+
 def install():
     """Import JAX, register all kernels; returns the CPU fallback kernel."""
     global _lib
@@ -277,11 +307,7 @@ def install():
 
     sparse.install(_lib)  # sparse COO and CSR layouts
     _nested.install(_lib)  # strided nested tensors
-    # NOTE [Backward on jax:N]: the autograd engine sizes its device queues from the
-    # Python device guard, which reports one device; backward on jax:1 then trips an
-    # internal assert. Running backward on the calling thread avoids the device queues
-    # (and makes kernels run on the thread that called backward).
-    torch.autograd.set_multithreading_enabled(False)
+    _backward_on_calling_thread()  # NOTE [Backward on jax:N]
     from torch_jax.runtime import _profiler
 
     _profiler.install()  # NOTE [Device time in torch.profiler]
