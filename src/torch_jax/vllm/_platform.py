@@ -1,0 +1,156 @@
+"""vLLM's platform for the ``jax`` device.
+
+NOTE [vLLM on jax]: vLLM (0.33) runs on an out-of-tree platform through its plugin
+interface: the platform class says what the device is and which worker, attention
+backend and compiler vLLM uses on it; vLLM's engine, scheduler, model definitions and
+sampler stay vLLM's. Its custom ops (RMSNorm, SiLU-and-mul, rotary embedding, GELU)
+run their ``forward_native`` PyTorch paths on an out-of-tree platform, which run on jax
+as any PyTorch code does. What differs from vLLM's GPU path, each with its own NOTE:
+
+- the worker (vllm/_worker.py): the device is ``jax:LOCAL_RANK``; no CUDA allocator
+  pools or sleep mode;
+- the model runner (vllm/_worker.py): what vLLM's GPU runner does with CUDA events,
+  streams and pinned host memory;
+- the slot mapping, a Triton kernel in vLLM (``register_triton_kernel_overrides``);
+- attention and the KV-cache write (vllm/_attention.py): ragged paged attention as
+  JAX ops (kernels/_paged.py).
+
+Everything else is vLLM's own code, so a vLLM upgrade is a diff of these overrides.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+logger = init_logger(__name__)
+
+NAME = "jax"
+
+
+class JaxPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name = NAME
+    device_type = NAME
+    dispatch_key = "PrivateUse1"
+    # (each vLLM worker process owns one jax device, jax:LOCAL_RANK, as on CUDA)
+    device_control_env_var = "TORCH_JAX_VISIBLE_DEVICES"
+    dist_backend = NAME  # NOTE [The jax process group]
+    simple_compile_backend = NAME  # (vLLM's torch.compile of small helper functions)
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            raise NotImplementedError("torch_jax: vLLM's MLA and sparse attention are not supported on jax")
+        if selected_backend is not None and getattr(selected_backend, "name", None) != "CUSTOM":
+            logger.info("torch_jax: attention backend %s is not available on jax; using jax's", selected_backend)
+        return "torch_jax.vllm._attention.JaxAttentionBackend"
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        pass  # (XLA computes in every floating dtype vLLM offers)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.jax.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.jax.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.jax.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.jax.manual_seed_all(seed)
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        properties = torch.jax.get_device_properties(device_id)
+        return f"jax-{properties.platform}-{properties.index}"
+
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return max(torch.jax.get_device_properties(device_id).multi_processor_count, 1)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # (host-to-device copies on jax go through the host's own memory: pinning buys
+        # nothing, and vLLM's pinned buffers would ask jax's host allocator for it)
+        return False
+
+    def is_sleep_mode_available(self) -> bool:
+        return False
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        return float(torch.jax.max_memory_allocated(device))
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # (attention is a custom op in vLLM's graphs, run by the backend, as on CUDA)
+        return True
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False  # (no CUDA graphs: XLA's computations are the compiled graphs)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        from vllm.config import CUDAGraphMode
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = "torch_jax.vllm._worker.JaxWorker"
+        cache = vllm_config.cache_config
+        if cache is not None and not cache.user_specified_block_size:
+            cache.block_size = 16
+        compilation = vllm_config.compilation_config
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+        if parallel.enable_dbo:
+            parallel.enable_dbo = False
+        # (vLLM's asynchronous scheduling copies outputs on a side CUDA stream; jax has one
+        # queue a device, and JAX's dispatch is asynchronous already)
+        vllm_config.scheduler_config.async_scheduling = False
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """NOTE [Slot mapping on jax]: vLLM computes each token's KV-cache slot from the
+        block table with a Triton kernel; on jax it is the same arithmetic in PyTorch ops
+        (``_compute_slot_mapping``), in the kernel's argument order."""
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        register_kernels({"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": _compute_slot_mapping})
+
+
+def _compute_slot_mapping(
+    num_tokens,
+    max_num_tokens,
+    query_start_loc,
+    positions,
+    block_table,
+    block_table_stride,
+    slot_mapping,
+    KV_CACHE_BLOCK_SIZE,
+    TOTAL_CP_WORLD_SIZE=1,
+    TOTAL_CP_RANK=0,
+    CP_KV_CACHE_INTERLEAVE_SIZE=1,
+    PAD_ID=-1,
+    BLOCK_SIZE=1024,
+) -> None:
+    """vLLM's ``ComputeSlotMappingKernel.kernel`` (NOTE [Slot mapping on jax]): the slot of
+    each of the batch's tokens, and ``PAD_ID`` past them."""
+    if TOTAL_CP_WORLD_SIZE != 1:
+        raise NotImplementedError("torch_jax: vLLM's context parallelism is not supported on jax")
+    num_reqs = query_start_loc.shape[0] - 1
+    tokens = torch.arange(num_tokens, device=positions.device)
+    # (each token's request: the last request whose first token is at or before it)
+    request = torch.searchsorted(query_start_loc[1 : num_reqs + 1].to(torch.int64), tokens, right=True)
+    pos = positions[:num_tokens]
+    block = block_table[request, torch.div(pos, KV_CACHE_BLOCK_SIZE, rounding_mode="floor")].to(torch.int64)
+    slot_mapping[:num_tokens] = block * KV_CACHE_BLOCK_SIZE + pos % KV_CACHE_BLOCK_SIZE
+    slot_mapping[num_tokens:max_num_tokens] = PAD_ID
