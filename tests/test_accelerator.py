@@ -296,7 +296,10 @@ def test_generator_state():
     assert g.device == torch.device("jax:1") and g.initial_seed() == 5
     state = g.get_state()
     a = _draw(g, "jax:1")
-    assert g.get_offset() == 1
+    assert g.get_offset() == 4  # (as CUDA's Philox offset: 4 a draw, NOTE [Device RNG])
+    b = _draw(g, "jax:1")
+    g.set_offset(g.get_offset() - 4)  # (a discarded draw drawn again, as vLLM does on CUDA)
+    assert torch.equal(_draw(g, "jax:1"), b) and not torch.equal(a, b)
     g.set_state(state)
     assert torch.equal(_draw(g, "jax:1"), a)
     g.set_state(state)

@@ -556,7 +556,7 @@ class _JaxGenerator(_CGenerator):
     def _next_words(self):
         with _generator_lock:
             seed, offset = self._seed, self._offset
-            self._offset = (offset + 1) & _MASK64
+            self._offset = (offset + _module._state().OFFSET_STEP) & _MASK64  # NOTE [Device RNG]
         return _module._state().key_words(seed, offset)
 
 

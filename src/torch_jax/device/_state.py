@@ -20,6 +20,10 @@ _lock = threading.Lock()
 # Every random op takes the key fold_in(fold_in(key(seed), offset_lo), offset_hi) and
 # bumps the offset, so a seed fixes every random op's numbers, calls are independent,
 # and the state saved by get_rng_state replays the same numbers after set_rng_state.
+# The offset moves by 4 an op, as CUDA's moves by a multiple of 4 a kernel (its Philox
+# offsets count 4-word blocks): code written for CUDA rewinds a generator by 4 to draw a
+# discarded draw again (vLLM does for a partial prefill's sampled token).
+OFFSET_STEP = 4
 DEFAULT_SEED = 67280421310721  # the default seed of PyTorch's CUDA generators
 _rng = {i: [DEFAULT_SEED, 0] for i in range(len(_devices))}
 _MASK64 = (1 << 64) - 1
@@ -94,7 +98,7 @@ def next_key(index: int) -> np.ndarray:
     with _lock:
         state = _rng[index]
         seed, offset = state
-        state[1] = (offset + 1) & _MASK64
+        state[1] = (offset + OFFSET_STEP) & _MASK64
     return key_words(seed, offset)
 
 

@@ -20,6 +20,8 @@ Everything else is vLLM's own code, so a vLLM upgrade is a diff of these overrid
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -27,6 +29,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 logger = init_logger(__name__)
 
 NAME = "jax"
+COMPILER = "torch_jax.vllm._compiler.JaxCompiler"
 
 
 class JaxPlatform(Platform):
@@ -38,6 +41,10 @@ class JaxPlatform(Platform):
     device_control_env_var = "TORCH_JAX_VISIBLE_DEVICES"
     dist_backend = NAME  # NOTE [The jax process group]
     simple_compile_backend = NAME  # (vLLM's torch.compile of small helper functions)
+
+    @classmethod
+    def get_compile_backend(cls) -> str:
+        return COMPILER  # NOTE [vLLM's compilation on jax]
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
@@ -108,9 +115,30 @@ class JaxPlatform(Platform):
         cache = vllm_config.cache_config
         if cache is not None and not cache.user_specified_block_size:
             cache.block_size = 16
+        if cache is not None and cache.kv_cache_memory_bytes is None and _on_host():
+            # NOTE [vLLM's memory on XLA:CPU]: vLLM sizes the KV cache as a share of the
+            # device's memory (gpu_memory_utilization, 0.92 by default); on XLA:CPU the
+            # device's memory is the host's, shared with every process on it. As vLLM's
+            # own CPU platform does (VLLM_CPU_KVCACHE_SPACE), the cache gets a fixed size
+            # there, 4 GiB or a quarter of the memory if less; --kv-cache-memory sets it.
+            from torch_jax.device._module import _host_memory
+
+            cache.kv_cache_memory_bytes = min(4 << 30, _host_memory()[1] // 4)
+            logger.info("torch_jax: KV cache of %.2f GiB on XLA:CPU", cache.kv_cache_memory_bytes / (1 << 30))
         compilation = vllm_config.compilation_config
+        if compilation.backend in ("", "inductor"):  # NOTE [vLLM's compilation on jax]
+            compilation.backend = COMPILER
+        # (vLLM's fusion passes rewrite graphs into its CUDA kernels: quantization,
+        # all-reduce with RMSNorm, rotary embedding with the cache write)
+        passes = compilation.pass_config
+        for field in dataclasses.fields(passes):
+            if field.name.startswith(("fuse_", "enable_qk_norm")):
+                setattr(passes, field.name, False)
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
+        compilation.max_cudagraph_capture_size = 0
+        if compilation.compile_sizes is None:
+            compilation.compile_sizes = []
         if parallel.enable_dbo:
             parallel.enable_dbo = False
         # (vLLM's asynchronous scheduling copies outputs on a side CUDA stream; jax has one
@@ -125,6 +153,13 @@ class JaxPlatform(Platform):
         from vllm.triton_utils.dispatcher import register_kernels
 
         register_kernels({"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": _compute_slot_mapping})
+
+
+def _on_host() -> bool:
+    """Whether jax's device is XLA:CPU (told without starting JAX)."""
+    from torch_jax.runtime import _host_memory
+
+    return _host_memory.platform() == "cpu"
 
 
 def _compute_slot_mapping(

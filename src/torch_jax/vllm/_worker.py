@@ -34,7 +34,12 @@ class JaxWorker(Worker):
         gc.collect()
         torch.accelerator.empty_cache()
         self.init_snapshot = MemorySnapshot(device=self.device)
-        self.requested_memory = request_memory(self.init_snapshot, self.cache_config, 0)
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            # (a KV cache of a given size, NOTE [vLLM's memory on XLA:CPU]: no share of the
+            # device's memory is asked for, so none is checked against what is free)
+            self.requested_memory = self.init_snapshot.free_memory
+        else:
+            self.requested_memory = request_memory(self.init_snapshot, self.cache_config, 0)
         self._init_workspace_and_model_runner()
 
     def _maybe_get_memory_pool_context(self, tag: str):
