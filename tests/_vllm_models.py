@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
 
 
 def make_tokenizer(path: str):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(SPECIAL + ["user", "assistant", "system"] + WORDS)}
@@ -32,7 +32,17 @@ def make_tokenizer(path: str):
     return fast
 
 
-def make_model(kind: str, path: str, *, layers: int = 2, width: int = 64, heads: int = 4, kv_heads: int = 2, seed: int = 0, max_len: int = 512):
+def make_model(
+    kind: str,
+    path: str,
+    *,
+    layers: int = 2,
+    width: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    max_len: int = 512,
+):
     """Saves a random ``kind`` model ("llama", "qwen2", "gpt2") to ``path`` and its
     tokenizer to ``path/tokenizer``; returns the two folders. (The tokenizer has a folder
     of its own: transformers loads a model folder's tokenizer as the model type's class,
@@ -41,16 +51,30 @@ def make_model(kind: str, path: str, *, layers: int = 2, width: int = 64, heads:
 
     tok = make_tokenizer(os.path.join(path, "tokenizer"))
     vocab = len(tok)
-    common = dict(vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    common = dict(
+        vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     if kind == "llama":
         config = transformers.LlamaConfig(
-            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=kv_heads, max_position_embeddings=max_len, tie_word_embeddings=False, **common,
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_len,
+            tie_word_embeddings=False,
+            **common,
         )
     elif kind == "qwen2":
         config = transformers.Qwen2Config(
-            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=kv_heads, max_position_embeddings=max_len, tie_word_embeddings=True, **common,
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_len,
+            tie_word_embeddings=True,
+            **common,
         )
     elif kind == "gpt2":
         config = transformers.GPT2Config(n_embd=width, n_layer=layers, n_head=heads, n_positions=max_len, **common)

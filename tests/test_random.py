@@ -107,3 +107,25 @@ def test_draws_are_uncorrelated():
     c = torch.rand(N, device="jax").cpu()
     for x, y in ((a, b), (a, c), (a[1:], a[:-1]), (a[: N // 2], a[N // 2 :])):
         assert abs(torch.corrcoef(torch.stack([x, y]))[0, 1].item()) < 0.03
+
+
+def test_a_seed_before_the_device_starts_is_kept_until_it_does():
+    """NOTE [Seeds before the device starts]: torch.manual_seed, which programs call before
+    init_process_group (whose group JAX's runtime starts from), does not start the device,
+    and seeds it as it starts: the same numbers as a seed given after."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from torch_jax.device import _registration\n"
+        "torch.manual_seed(5)\n"
+        "torch.jax.manual_seed(7)\n"  # (the current device's, after: it wins there)
+        "assert not _registration.is_initialized()\n"
+        "a = torch.randn(3, device='jax').cpu()\n"
+        "torch.manual_seed(5); torch.jax.manual_seed(7)\n"
+        "assert torch.equal(a, torch.randn(3, device='jax').cpu())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -20,7 +20,10 @@ import _vllm_models  # noqa: E402
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # (the engine in this process)
 
 NEW = 12
-PROMPTS = [" ".join(f"w{(7 * i + 3 * k) % 170}" for k in range(n)) for i, n in enumerate([3, 41, 9, 17, 5, 60, 2, 33, 14, 26, 8, 50, 11, 4, 37, 20])]
+PROMPTS = [
+    " ".join(f"w{(7 * i + 3 * k) % 170}" for k in range(n))
+    for i, n in enumerate([3, 41, 9, 17, 5, 60, 2, 33, 14, 26, 8, 50, 11, 4, 37, 20])
+]
 BLOCK = 16
 BLOCK_BYTES = {"llama": 2 * 2 * BLOCK * 2 * 16 * 4}  # (layers * (K, V) * block * kv heads * head dim * float32)
 
@@ -77,7 +80,9 @@ def _hf_greedy(path, tokenizer, prompts, new=NEW):
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            got = model.generate(ids, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
+            got = model.generate(
+                ids, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id
+            )
         out.append(got[0, ids.shape[1] :].tolist())
     return out
 
@@ -170,6 +175,8 @@ def test_stop_strings_and_max_tokens(engines):
     # (the stop string: the first generated word, from the third on, not generated before it)
     k = next(k for k in range(2, len(want)) if tok.decode([want[k]]) not in tok.decode(want[:k]))
     stop = tok.decode([want[k]])
-    (out,) = llm.generate(PROMPTS[:1], vllm.SamplingParams(temperature=0.0, max_tokens=NEW, stop=[stop], ignore_eos=True))
+    (out,) = llm.generate(
+        PROMPTS[:1], vllm.SamplingParams(temperature=0.0, max_tokens=NEW, stop=[stop], ignore_eos=True)
+    )
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
     assert out.outputs[0].text.strip() == tok.decode(want[:k]).strip()

@@ -76,19 +76,25 @@ def _hf_greedy(path, tokenizer, prompt, new):
 def test_models_and_completions(server):
     client, _, path, tokenizer, _ = server
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    got = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    got = client.completions.create(
+        model="tiny", prompt=PROMPTS, max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     assert len(got.choices) == len(PROMPTS)
     for choice in sorted(got.choices, key=lambda c: c.index):
         want = _hf_greedy(path, tokenizer, PROMPTS[choice.index], 6)
         assert choice.text.split() == want.split()
         assert len(choice.logprobs.tokens) == 6
-        assert all(len(top) >= 2 and lp <= 0 for top, lp in zip(choice.logprobs.top_logprobs, choice.logprobs.token_logprobs))
+        assert all(
+            len(top) >= 2 and lp <= 0 for top, lp in zip(choice.logprobs.top_logprobs, choice.logprobs.token_logprobs)
+        )
 
 
 def test_chat_and_streaming(server):
     client, *_ = server
     messages = [{"role": "user", "content": "w3 w4 w5"}]
-    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     text = chat.choices[0].message.content
     assert chat.choices[0].message.role == "assistant" and len(text.split()) == 5
     pieces = [
@@ -108,7 +114,9 @@ def test_bad_requests_get_400_and_the_server_serves_on(server):
         client.completions.create(model="tiny", prompt=too_long, max_tokens=4)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=-1.0)
-    got = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    got = client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert len(got.choices[0].text.split()) == 3
 
 

@@ -27,6 +27,23 @@ generator at each call, in graph order, as the eager op would at that point; so
 ``torch.manual_seed`` makes compiled runs repeatable, and a graph with the same random
 ops as eager code draws the same numbers.
 
+NOTE [Compiled graphs in AOTAutograd's cache]: torch's AOT compile
+(``torch.compile(fn, fullgraph=True).aot_compile(...)`` under
+``torch._dynamo.config.enable_aot_compile``, ``save_compiled_function`` and
+``torch.compiler.load_compiled_function``; vLLM's default) and AOTAutograd's cache in its
+bundled form (``bundled_autograd_cache``) pickle what AOTAutograd made: its wrappers'
+metadata and the compiler's forward and backward, which must be Inductor's ``OutputCode``
+(AOTAutograd asserts it). So a :class:`Program` is one, as ``RegionalOutputCode`` is for
+a graph module. ``prepare_for_serialization``, on AOTAutograd's copy of it (the live
+program runs on), keeps the name and the aten graph, pickled with torch's
+``GraphPickler`` (its nodes' values are fake tensors, which the lowerings read); nothing
+compiled: an executable is for one input key and does not pickle. ``post_compile``,
+which AOTAutograd calls on the loaded entry, unpickles the graph into the loading fake
+mode and builds the program again, so a call compiles as a new program's first call
+does, or loads the same computation from the persistent cache (NOTE [Persistent
+compilation cache]): same graph, same module name and HLO. The aten graph, not the HLO,
+is what is kept, so a saved program lowers again with the torch_jax that loads it.
+
 Anything the table cannot run (an op with no lowering or rule, a graph that mixes
 devices) runs the graph op by op through the eager executor instead, where the CPU
 fallback catches what is missing: that warns once per graph with the reason, is counted
@@ -48,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax._src.array import ArrayImpl as _ArrayImpl
+from torch._inductor.output_code import OutputCode
 
 from torch_jax._config import config
 from torch_jax._warnings import FallbackWarning
@@ -213,20 +231,31 @@ class _Entry:
     __slots__ = ("fn", "compiled", "outs", "writes", "host_writes", "checks", "used", "cost")
 
 
-class Program:
+class Program(OutputCode):
     """A graph from AOTAutograd, called with its inputs as one list (AOTAutograd's boxed
     calling convention, which lets go of the inputs early) or as arguments (the backward,
-    which AOTAutograd calls through a wrapper)."""
+    which AOTAutograd calls through a wrapper). Saved and loaded as NOTE [Compiled graphs
+    in AOTAutograd's cache] says."""
+
+    # (identity, as before it was an OutputCode: the dataclass's equality compares cache keys,
+    # None in every program, and leaves the object unhashable)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, name: str):
+        super().__init__()
         self._boxed_call = True  # (an attribute of the object: Dynamo's wrapper of the backward copies its __dict__)
-        self.gm = gm
+        self._time_taken_ns = 0  # (AOTAutograd's cache records it; XLA compiles at the first call)
         self.name = name
+        self._build(gm)
+
+    def _build(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
         # the XLA module's name (jit_forward_<hash>), which profiler traces show: named by the
         # graph's code, not by the process's counter, so that JAX's persistent cache, whose key
         # holds the module's name, finds the same graph whatever was compiled before it
         digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
-        self.module = f"{name.rstrip('0123456789')}_{digest}"
+        self.module = f"{self.name.rstrip('0123456789')}_{digest}"
         self.graph = gm.graph
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -277,6 +306,53 @@ class Program:
                     self.random.append(n)
         except (Unsupported, _collectives.Unsupported) as e:
             self._go_eager(str(e))
+
+    # -------------------------------------------------------- saved and loaded
+
+    def prepare_for_serialization(self) -> None:
+        """Keep only what pickles: the name and the aten graph (on AOTAutograd's copy)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        # (any op: an op of another library is found by name again when the graph loads; out of
+        # the fake mode AOTAutograd saves in: the graph's constants are real tensors)
+        with unset_fake_temporarily():
+            graph = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        name = self.name
+        self.__dict__ = {}  # (the copy's own: the live program keeps its state)
+        OutputCode.__init__(self)
+        self._boxed_call, self._time_taken_ns, self.name, self._saved_graph = True, 0, name, graph
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        """Build the program again from the saved graph, once loaded."""
+        graph = self.__dict__.pop("_saved_graph", None)
+        if graph is None:
+            return  # (a live program: nothing to load)
+        from torch._guards import detect_fake_mode
+        from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        from torch_jax.device._registration import initialize
+
+        initialize()  # (the persistent cache, and the device the graph's values are on)
+        fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
+        # (the graph's constants are real tensors, which torch.load makes meta ones under a fake
+        # mode or a tracing context's)
+        with unset_fake_temporarily(), torch._guards.tracing(None):
+            gm = GraphPickler.loads(graph, fake_mode)
+            for n in gm.graph.find_nodes(op="get_attr"):
+                # an unpickled tensor is a view of a byte storage (NOTE [Pickling storages] in
+                # device/_patches): a copy of its own, as the saving process had, traces the same
+                # computation, which the persistent cache then finds
+                value = getattr(gm, n.target)
+                if isinstance(value, Tensor) and value.device.type != "cpu":
+                    setattr(gm, n.target, value.clone())
+        gm.recompile()
+        self._build(gm)
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
 
     def _go_eager(self, reason: str) -> None:
         self.eager = reason

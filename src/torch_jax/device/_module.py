@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import threading
 from typing import Any
 
 import torch
@@ -193,24 +194,52 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 # ---- random numbers ----
 
 
+# NOTE [Seeds before the device starts]: ``torch.manual_seed`` seeds every device's
+# generator, and programs call it first of all: before ``init_process_group`` (vLLM's
+# workers, scripts started with ranks as arguments), whose group JAX's distributed runtime
+# must start from, before the device. As ``torch.cuda`` does (``_lazy_call``), seeding a
+# device that has not started is kept, and done as it starts, in the order called.
+_pending: list = []
+_pending_lock = threading.Lock()
+
+
+def _when_started(call) -> None:
+    from torch_jax.device import _registration
+
+    with _pending_lock:
+        if not _registration.is_initialized():
+            _pending.append(call)
+            return
+    call(_state())
+
+
+def run_pending() -> None:
+    """The seeds kept until the device started (NOTE [Seeds before the device starts])."""
+    from torch_jax.device import _state as state
+
+    with _pending_lock:
+        calls = _pending[:]
+        _pending.clear()
+    for call in calls:
+        call(state)
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
-    state = _state()
-    state.manual_seed(seed, state.current())
+    _when_started(lambda state: state.manual_seed(seed, state.current()))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator (``torch.manual_seed`` calls this)."""
-    _state().manual_seed(seed)
+    _when_started(lambda state: state.manual_seed(seed))
 
 
 def seed() -> None:
-    state = _state()
-    state.random_seed(state.current())
+    _when_started(lambda state: state.random_seed(state.current()))
 
 
 def seed_all() -> None:
-    _state().random_seed()
+    _when_started(lambda state: state.random_seed())
 
 
 def initial_seed() -> int:

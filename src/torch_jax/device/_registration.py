@@ -135,6 +135,9 @@ def initialize() -> None:
 
         _cache.enable()  # NOTE [Persistent compilation cache]
         _initialized = True
+    from torch_jax.device import _module
+
+    _module.run_pending()  # NOTE [Seeds before the device starts]
 
 
 def is_initialized() -> bool:

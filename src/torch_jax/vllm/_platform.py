@@ -21,6 +21,7 @@ Everything else is vLLM's own code, so a vLLM upgrade is a diff of these overrid
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 from vllm.logger import init_logger
@@ -112,6 +113,10 @@ class JaxPlatform(Platform):
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = "torch_jax.vllm._worker.JaxWorker"
+        if parallel.world_size > 1:
+            # (a process that started JAX cannot fork workers that use it, as with CUDA,
+            # for which vLLM spawns them too; the engine's process may have started it)
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         cache = vllm_config.cache_config
         if cache is not None and not cache.user_specified_block_size:
             cache.block_size = 16

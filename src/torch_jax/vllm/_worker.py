@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 
 import torch
 from vllm.logger import init_logger
@@ -21,15 +22,19 @@ class JaxWorker(Worker):
     def init_device(self) -> None:
         """NOTE [The vLLM worker's device]: vLLM's GPU worker sets up only ``cuda``
         devices. Here the worker's device is ``jax:LOCAL_RANK`` (as ``cuda:LOCAL_RANK``),
-        its process group the jax one (XLA collectives), and the memory snapshot vLLM
+        its process group the jax one (XLA collectives), created first, and the memory snapshot vLLM
         sizes the KV cache from is read through ``torch.accelerator`` as on CUDA. No
         CUDA allocator pools (vLLM's sleep mode), no cuBLAS handles to create first."""
-        self.device = torch.device(current_platform.device_type, self.local_rank)
-        torch.accelerator.set_device_index(self.device)
-        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        # (the process group first: JAX's distributed runtime starts with the device, from
+        # the group's rendezvous, NOTE [The jax process group]; each process of the group
+        # sees its host's devices, as a CUDA worker sees its GPUs, and uses its own)
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.parallel_config.world_size))
         init_worker_distributed_environment(
             self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
         )
+        self.device = torch.device(current_platform.device_type, self.local_rank)
+        torch.accelerator.set_device_index(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
         set_random_seed(self.model_config.seed)
         gc.collect()
         torch.accelerator.empty_cache()
@@ -62,7 +67,9 @@ class JaxWorker(Worker):
 
     def _make_model_runner(self) -> GPUModelRunner:
         if self.use_v2_model_runner:
-            raise NotImplementedError("torch_jax: vLLM's V2 model runner is not supported on jax (VLLM_USE_V2_MODEL_RUNNER=0)")
+            raise NotImplementedError(
+                "torch_jax: vLLM's V2 model runner is not supported on jax (VLLM_USE_V2_MODEL_RUNNER=0)"
+            )
         return JaxModelRunner(self.vllm_config, self.device)
 
     def sleep(self, level: int = 1) -> None:

@@ -1,0 +1,35 @@
+"""vLLM's tensor parallelism on jax (NOTE [vLLM on jax] in src/torch_jax/vllm/_platform.py):
+two workers, each on its jax device, in a process of its own (tests/_vllm_tp.py: vLLM
+spawns its workers). A file of its own, so that CI's workers take it beside the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'torch_jax[vllm]')")
+
+import _vllm_models  # noqa: E402
+from test_vllm import NEW, PROMPTS, _hf_greedy  # noqa: E402
+
+
+def test_tensor_parallel_over_two_devices_gives_the_tokens_of_one(tmp_path):
+    """tensor_parallel_size=2: two vLLM workers, each on its jax device, their collectives
+    on the jax process group (XLA's), against transformers' greedy tokens (those of
+    tensor_parallel_size=1 above)."""
+    path, tokenizer = _vllm_models.make_model("qwen2", str(tmp_path))
+    want = _hf_greedy(path, tokenizer, PROMPTS[:4])
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (each worker: its host's devices)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_tp.py")
+    out = subprocess.run(
+        [sys.executable, script, path, tokenizer, "2", json.dumps(PROMPTS[:4]), str(NEW)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )  # fmt: skip
+    lines = [line for line in out.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert out.returncode == 0 and lines, (out.stdout + out.stderr)[-6000:]
+    assert json.loads(lines[-1][len("TOKENS ") :]) == want
+    assert "backend=jax" in out.stdout + out.stderr  # (vLLM's log of its process group)
