@@ -38,8 +38,6 @@ class JaxPlatform(Platform):
     device_name = NAME
     device_type = NAME
     dispatch_key = "PrivateUse1"
-    # (each vLLM worker process owns one jax device, jax:LOCAL_RANK, as on CUDA)
-    device_control_env_var = "TORCH_JAX_VISIBLE_DEVICES"
     dist_backend = NAME  # NOTE [The jax process group]
     simple_compile_backend = NAME  # (vLLM's torch.compile of small helper functions)
 
@@ -123,12 +121,14 @@ class JaxPlatform(Platform):
         if cache is not None and cache.kv_cache_memory_bytes is None and _on_host():
             # NOTE [vLLM's memory on XLA:CPU]: vLLM sizes the KV cache as a share of the
             # device's memory (gpu_memory_utilization, 0.92 by default); on XLA:CPU the
-            # device's memory is the host's, shared with every process on it. As vLLM's
-            # own CPU platform does (VLLM_CPU_KVCACHE_SPACE), the cache gets a fixed size
-            # there, 4 GiB or a quarter of the memory if less; --kv-cache-memory sets it.
+            # device's memory is the host's, shared with every process on it. The cache gets
+            # a fixed size there instead, 1 GiB or an eighth of the memory if less
+            # (--kv-cache-memory sets it, as VLLM_CPU_KVCACHE_SPACE does on vLLM's CPU
+            # platform): small, as each eager write of the cache copies it today
+            # (docs/serving.md).
             from torch_jax.device._module import _host_memory
 
-            cache.kv_cache_memory_bytes = min(4 << 30, _host_memory()[1] // 4)
+            cache.kv_cache_memory_bytes = min(1 << 30, _host_memory()[1] // 8)
             logger.info("torch_jax: KV cache of %.2f GiB on XLA:CPU", cache.kv_cache_memory_bytes / (1 << 30))
         compilation = vllm_config.compilation_config
         if compilation.backend in ("", "inductor"):  # NOTE [vLLM's compilation on jax]
