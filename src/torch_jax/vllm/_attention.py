@@ -1,11 +1,12 @@
 """vLLM's attention backend on ``jax``: the KV-cache write and ragged paged attention as
-JAX ops (NOTE [Paged attention on jax] in kernels/_paged.py).
+JAX ops (NOTE [Paged attention in jnp] in kernels/_paged.py).
 
 NOTE [The KV cache on jax]: vLLM (0.33) allocates each layer's cache as a view of one
 int8 buffer, logically ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (a
 token's key, then its value, in the last axis), laid out as the backend prefers. This
 backend takes vLLM's identity layout (LBHNC): each layer's cache is then one contiguous
-slice of the buffer, which the ops read and write without a copy of any other layer's.
+slice of the buffer, the layout the ops read. (An eager write of it is a new array of the
+whole buffer today: docs/serving.md.)
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class JaxAttentionMetadata:
 
 
 class JaxAttentionMetadataBuilder(AttentionMetadataBuilder[JaxAttentionMetadata]):
-    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:  # (vLLM's is abstract)
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
     def build(

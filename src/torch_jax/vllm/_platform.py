@@ -7,13 +7,16 @@ sampler stay vLLM's. Its custom ops (RMSNorm, SiLU-and-mul, rotary embedding, GE
 run their ``forward_native`` PyTorch paths on an out-of-tree platform, which run on jax
 as any PyTorch code does. What differs from vLLM's GPU path, each with its own NOTE:
 
-- the worker (vllm/_worker.py): the device is ``jax:LOCAL_RANK``; no CUDA allocator
-  pools or sleep mode;
-- the model runner (vllm/_worker.py): what vLLM's GPU runner does with CUDA events,
-  streams and pinned host memory;
+- the worker (vllm/_worker.py): the device is ``jax:LOCAL_RANK``, after the process
+  group; no CUDA allocator pools or sleep mode; no CUDA kernel warm-ups;
+- the model runner (vllm/_worker.py): the sampled tokens' copy to the host, which vLLM's
+  GPU runner does through pinned memory and a CUDA event;
 - the slot mapping, a Triton kernel in vLLM (``register_triton_kernel_overrides``);
 - attention and the KV-cache write (vllm/_attention.py): ragged paged attention as
-  JAX ops (kernels/_paged.py).
+  JAX ops (kernels/_paged.py);
+- the compiler of vLLM's graph pieces (vllm/_compiler.py): torch_jax's backend;
+- the configuration (``check_and_update_config``): no CUDA graphs, asynchronous
+  scheduling or CUDA fusion passes; the KV cache's size on XLA:CPU; workers spawned.
 
 Everything else is vLLM's own code, so a vLLM upgrade is a diff of these overrides.
 """
