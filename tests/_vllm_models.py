@@ -54,26 +54,15 @@ def make_model(
     common = dict(
         vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
-    if kind == "llama":
-        config = transformers.LlamaConfig(
+    if kind in ("llama", "qwen2"):  # (the same decoder; Qwen2's shares its embeddings with its head)
+        config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind](
             hidden_size=width,
             intermediate_size=2 * width,
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             max_position_embeddings=max_len,
-            tie_word_embeddings=False,
-            **common,
-        )
-    elif kind == "qwen2":
-        config = transformers.Qwen2Config(
-            hidden_size=width,
-            intermediate_size=2 * width,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            max_position_embeddings=max_len,
-            tie_word_embeddings=True,
+            tie_word_embeddings=kind == "qwen2",
             **common,
         )
     elif kind == "gpt2":
