@@ -119,6 +119,11 @@ def test_a_seed_before_the_device_starts_is_kept_until_it_does():
     code = (
         "import torch\n"
         "from torch_jax.device import _registration\n"
+        "from torch_jax.device import _module\n"
+        "for s in range(10000):\n"  # (seeding often keeps what decides the seeds: two calls)
+        "    torch.manual_seed(s); torch.jax.manual_seed(s)\n"
+        "assert len(_module._pending) == 2\n"
+        "torch.jax.manual_seed(3)\n"  # (replaced by every device's seed after it)
         "torch.manual_seed(5)\n"
         "torch.jax.manual_seed(7)\n"  # (the current device's, after: it wins there)
         "assert not _registration.is_initialized()\n"

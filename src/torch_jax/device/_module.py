@@ -198,17 +198,22 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 # generator, and programs call it first of all: before ``init_process_group`` (vLLM's
 # workers, scripts started with ranks as arguments), whose group JAX's distributed runtime
 # must start from, before the device. As ``torch.cuda`` does (``_lazy_call``), seeding a
-# device that has not started is kept, and done as it starts, in the order called.
-_pending: list = []
+# device that has not started is kept, and done as it starts. Only what decides the seeds
+# is kept, so a program that seeds often and never uses the device keeps two calls: the
+# last seeding of every device, and the last of the current device after it (which, until
+# the device starts, is always the same one: choosing another starts it).
+_pending: dict = {}  # "all", "current" -> call
 _pending_lock = threading.Lock()
 
 
-def _when_started(call) -> None:
+def _when_started(which: str, call) -> None:
     from torch_jax.device import _registration
 
     with _pending_lock:
         if not _registration.is_initialized():
-            _pending.append(call)
+            if which == "all":
+                _pending.clear()  # (every device's seed replaces what was kept)
+            _pending[which] = call
             return
     call(_state())
 
@@ -218,7 +223,7 @@ def run_pending() -> None:
     from torch_jax.device import _state as state
 
     with _pending_lock:
-        calls = _pending[:]
+        calls = [_pending[k] for k in ("all", "current") if k in _pending]
         _pending.clear()
     for call in calls:
         call(state)
@@ -226,20 +231,20 @@ def run_pending() -> None:
 
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
-    _when_started(lambda state: state.manual_seed(seed, state.current()))
+    _when_started("current", lambda state: state.manual_seed(seed, state.current()))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator (``torch.manual_seed`` calls this)."""
-    _when_started(lambda state: state.manual_seed(seed))
+    _when_started("all", lambda state: state.manual_seed(seed))
 
 
 def seed() -> None:
-    _when_started(lambda state: state.random_seed(state.current()))
+    _when_started("current", lambda state: state.random_seed(state.current()))
 
 
 def seed_all() -> None:
-    _when_started(lambda state: state.random_seed())
+    _when_started("all", lambda state: state.random_seed())
 
 
 def initial_seed() -> int:
