@@ -4,8 +4,10 @@ spawns its workers). A file of its own, so that CI's workers take it beside the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -25,11 +27,22 @@ def test_tensor_parallel_over_two_devices_gives_the_tokens_of_one(tmp_path):
     want = _hf_greedy(path, tokenizer, PROMPTS[:4])
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # (each worker: its host's devices)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_tp.py")
-    out = subprocess.run(
+    # (a session of its own: vLLM's engine and worker processes are stopped with it, whatever
+    # happens; its process group rendezvous through a file, JAX's coordinator on 127.0.0.1)
+    proc = subprocess.Popen(
         [sys.executable, script, path, tokenizer, "2", json.dumps(PROMPTS[:4]), str(NEW)],
-        capture_output=True, text=True, timeout=400, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )  # fmt: skip
-    lines = [line for line in out.stdout.splitlines() if line.startswith("TOKENS ")]
-    assert out.returncode == 0 and lines, (out.stdout + out.stderr)[-6000:]
+    try:
+        text, _ = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        pytest.fail(f"vLLM with tensor_parallel_size=2 did not finish in 400 s:\n{text[-6000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # (what is left of its workers)
+    lines = [line for line in text.splitlines() if line.startswith("TOKENS ")]
+    assert proc.returncode == 0 and lines, text[-6000:]
     assert json.loads(lines[-1][len("TOKENS ") :]) == want
-    assert "backend=jax" in out.stdout + out.stderr  # (vLLM's log of its process group)
+    assert "backend=jax" in text  # (vLLM's log of its process group)
