@@ -554,10 +554,11 @@ class _JaxGenerator(_CGenerator):
         return _rebuild_generator, (str(self.device), self.get_state())
 
     def _next_words(self):
+        state = _module._state()
         with _generator_lock:
             seed, offset = self._seed, self._offset
-            self._offset = (offset + _module._state().OFFSET_STEP) & _MASK64  # NOTE [Device RNG]
-        return _module._state().key_words(seed, offset)
+            self._offset = (offset + state.OFFSET_STEP) & _MASK64  # NOTE [Device RNG]
+        return state.key_words(seed, offset)
 
 
 def _rebuild_generator(device: str, state: torch.Tensor) -> _JaxGenerator:
