@@ -28,7 +28,7 @@ class JaxWorker(Worker):
         # (the process group first: JAX's distributed runtime starts with the device, from
         # the group's rendezvous, NOTE [The jax process group]; each process of the group
         # sees its host's devices, as a CUDA worker sees its GPUs, and uses its own)
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.parallel_config.world_size))
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.parallel_config.local_world_size))
         init_worker_distributed_environment(
             self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
         )
