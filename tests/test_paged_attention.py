@@ -110,7 +110,7 @@ def test_the_schemas():
     )
     assert str(attention.default._schema) == (
         "torch_jax::ragged_paged_attention(Tensor query, Tensor kv_cache, Tensor query_start_loc, Tensor seq_lens, "
-        "Tensor block_table, float scale, int sliding_window=-1, float logits_soft_cap=0.) -> Tensor"
+        "Tensor block_table, float scale, int sliding_window=-1, float logits_soft_cap=0., Scalar num_seqs=-1) -> Tensor"
     )
 
 
@@ -236,5 +236,49 @@ def test_eager_attention_compiles_once_for_a_shape():
         shapes = [a.shape for a in args]
         attention(*args, 0.25).cpu()
         if seed == 13:
+            torch_jax.reset_stats()
+    assert torch_jax.stats()["compiles"] == 0
+
+
+def test_rows_past_num_seqs_are_ignored_and_one_computation_serves_every_count():
+    # (vLLM's metadata as whole buffers of a fixed number of rows, the batch's first:
+    # NOTE [Metadata of a fixed size]; the rows past it hold a former batch's values)
+    for seed, kinds in ((21, "pcd"), (22, "dpdcd")):
+        batch = _batch(kinds, block_size=8, shape=(96, 40, 6), pad_seqs=8 - len(kinds), seed=seed)
+        expected = _reference(*batch.args("cpu"), 0.25)
+        stale = [t.clone() for t in (batch.starts, batch.lens, batch.table)]
+        n = len(kinds)
+        stale[0][n + 1 :] = torch.arange(8 - n, dtype=torch.int32) * 7  # (not even increasing)
+        stale[1][n:] = 33
+        stale[2][n:] = 39
+        args = [batch.query, batch.cache, *stale]
+        got = attention(*[t.to("jax") for t in args], 0.25, -1, 0.0, n).cpu()
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+        if seed == 21:
+            torch_jax.reset_stats()
+    assert torch_jax.stats()["compiles"] == 0
+
+
+def test_slot_mapping_from_whole_buffers():
+    # (vLLM's slot-mapping kernel on jax: NOTE [Slot mapping on jax]; the buffers' rows past
+    # the batch hold a former batch's values, and one computation serves every batch)
+    slot_mapping = torch.ops.torch_jax.paged_slot_mapping
+    g = torch.Generator().manual_seed(3)
+    block_size, rows, width, size = 4, 6, 5, 40
+    for seed, q_lens in ((0, [3, 1, 7]), (1, [1, 1, 2, 9, 1])):
+        table = torch.randint(0, 50, (rows, width), generator=g, dtype=torch.int32)
+        lens = [int(torch.randint(q, width * block_size + 1, (), generator=g)) for q in q_lens]
+        starts = torch.full((rows + 1,), 99, dtype=torch.int32)  # (stale past the batch)
+        starts[: len(q_lens) + 1] = torch.tensor([0, *q_lens]).cumsum(0)
+        positions = torch.randint(0, 9, (size,), generator=g)
+        expected = torch.full((size,), -1, dtype=torch.int64)
+        for s, (q, n) in enumerate(zip(q_lens, lens)):
+            pos = torch.arange(n - q, n)
+            positions[starts[s] : starts[s + 1]] = pos
+            expected[starts[s] : starts[s + 1]] = table[s, pos // block_size].long() * block_size + pos % block_size
+        got = torch.zeros(size, dtype=torch.int64, device="jax")
+        slot_mapping(got, starts.to("jax"), positions.to("jax"), table.to("jax"), sum(q_lens), len(q_lens), block_size, -1)
+        torch.testing.assert_close(got.cpu(), expected)
+        if seed == 0:
             torch_jax.reset_stats()
     assert torch_jax.stats()["compiles"] == 0

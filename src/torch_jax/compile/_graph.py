@@ -139,6 +139,33 @@ _EAGER_AS = {
 }
 
 
+# NOTE [Ops that read their context]: some libraries' ops read state that is not among
+# their arguments: vLLM's attention and KV-cache write take a layer's name and find the
+# layer's cache and the step's batch metadata in vLLM's forward context. Such an op
+# registers a ContextLowering here. At each call of a graph holding it, ``gather`` turns
+# the op's arguments that the call knows (its graph inputs and constants; None for a value
+# computed inside the graph) into the tensors and ints it reads: the tensors are described
+# and passed as the graph's inputs are (one input for a tensor gathered twice, so a write
+# is seen by a later read), and the ints as run-time values, outside the computation's key.
+# ``lower`` computes the op from its arguments' and the gathered values' JAX values and
+# returns the new values of the gathered tensors it writes (their positions in ``writes``),
+# which go into their storages after the call, as input mutations do (NOTE [Input mutations
+# in compiled graphs]); a written storage that nothing else holds is donated, so a cache
+# is updated in place. ``gather`` returning None runs that call op by op (the op's eager
+# kernel then reads the context itself: vLLM's profiling run, which has no metadata).
+CONTEXT_OPS: dict = {}
+
+
+class ContextLowering:
+    """How a compiled graph runs an op that reads its context (NOTE [Ops that read their
+    context]): ``gather(arguments) -> [tensor | int] | None``; ``lower(arguments, gathered)
+    -> (result, {index: new value})``, with ``arguments`` a dict by the op's argument names
+    (for a mutating op, its result is a dict of its mutated arguments' new values)."""
+
+    def __init__(self, gather, lower, writes: tuple = ()):
+        self.gather, self.lower, self.writes = gather, lower, tuple(writes)
+
+
 def plan_node(node):
     """How ``node`` runs: ("lower", spec), ("rule", fn), ("as", spec, arguments),
     ("random_factory", spec, arguments), ("functional", spec), ("foreach", spec), or
@@ -272,9 +299,16 @@ class Program(OutputCode):
         self.plans = {}
         self.random = []
         self.group = None  # the process group of the graph's collectives, if it has any
+        self.context = []  # the nodes of ops that read their context (NOTE [Ops that read their context])
+        self.position = position
         try:
             for n in self.nodes:
                 if n.op != "call_function":
+                    continue
+                context = n.args[0] if n.target is _AUTO_FUNCTIONALIZED else n.target
+                if isinstance(context, torch._ops.OpOverload) and context in CONTEXT_OPS:
+                    self.plans[n] = ("context", CONTEXT_OPS[context], context)
+                    self.context.append(n)
                     continue
                 if n.target is aten.copy_.default and n.args[0] in position:
                     self.mutated[position[n.args[0]]] = n
@@ -386,6 +420,13 @@ class Program(OutputCode):
         if _fused.pending:
             _fused.flush_all("torch.compile graph")
         inputs = args + [getattr(self.gm, n.target) for n in self.constants]
+        written, slots, fixed = self.mutated, (), len(inputs)
+        if self.context:
+            gathered = self._gather(args)
+            if gathered is None:
+                return self._run_eager(args)
+            items, slots, written = gathered
+            inputs += items
         key, dyn, index, starts = [], [], -1, []
         try:
             for pos, a in enumerate(inputs):
@@ -393,13 +434,16 @@ class Program(OutputCode):
                 if isinstance(a, Tensor) and a.is_cpu:
                     # a CPU tensor the graph reads (a constant made on the CPU, a mask): its
                     # value, copied (the host may change the tensor before the call runs)
-                    if a.dim() and pos in self.mutated:
+                    if a.dim() and pos in written:
                         raise Unsupported("a CPU tensor input that the graph updates")
                     key.append(("c", a.dtype, tuple(a.shape)))
                     dyn.append(np.array(_dtypes.tensor_to_numpy(a), copy=True))
                 elif isinstance(a, Tensor):
-                    desc, index = _executor._describe(a, dyn, index, read_only=pos not in self.mutated)
+                    desc, index = _executor._describe(a, dyn, index, read_only=pos not in written)
                     key.append(desc)
+                elif pos >= fixed:  # (a context op's run-time int: a value of the computation, not of its key)
+                    key.append(("n",))
+                    dyn.append(np.int32(a))
                 elif isinstance(a, (bool, int)) or a is None:
                     key.append(("i", a))
                 elif isinstance(a, float):
@@ -407,6 +451,8 @@ class Program(OutputCode):
                     dyn.append(a)
                 elif isinstance(a, _OPAQUE):  # (a DTensor's mesh, which the graph passes through)
                     key.append(("o", id(a)))
+                elif isinstance(a, _VALUE_OPAQUE):  # (an opaque value Dynamo lifts to an input: vLLM's layer names)
+                    key.append(("v", a) if a.__hash__ is not None else ("o", id(a)))
                 else:
                     raise Unsupported(f"an input of type {type(a).__name__}")
         except RuntimeError as e:
@@ -425,7 +471,8 @@ class Program(OutputCode):
             self._go_eager("a float input beside collectives")  # (its weak type would be lost)
             return self._run_eager(args)
         # (an SPMD program's inputs are global arrays: nothing is donated)
-        key.append(self._donated(inputs, dyn, starts, index) if self.mutated and self.group is None else ())
+        key.append(slots)
+        key.append(self._donated(inputs, dyn, starts, index, written) if written and self.group is None else ())
         key = tuple(key)
         for _ in self.random:
             dyn.append(_devices.next_key(index))
@@ -474,18 +521,67 @@ class Program(OutputCode):
                 _fused.check_deferred()
         return outs
 
-    def _donated(self, inputs, dyn, starts, index: int) -> tuple:
+    def _donated(self, inputs, dyn, starts, index: int, written) -> tuple:
         """The dyn positions of the storage arrays of mutated inputs that nothing but their
         storage box holds: the computation may write their new values over them (NOTE
         [Donation] in runtime/_fused), as an eager in-place op updates in place."""
         _devices.last.pop(index, None)  # (the device's last results: this call's stand for them)
         donated = []
-        for pos in self.mutated:
+        for pos in written:
             v = dyn[starts[pos]] if isinstance(inputs[pos], Tensor) and not inputs[pos].is_cpu else None
             # (references: dyn, the storage box, ``v`` and getrefcount's argument)
             if v.__class__ is _ArrayImpl and sys.getrefcount(v) <= 4:
                 donated.append(starts[pos])
         return tuple(donated)
+
+    def _gather(self, args):
+        """What the graph's context ops read at this call (NOTE [Ops that read their
+        context]): (the gathered tensors and ints, each node's positions among them, the
+        input positions written: the graph's mutated inputs and the gathered tensors the
+        ops write), or None where an op cannot run compiled at this call."""
+        fixed = len(self.placeholders) + len(self.constants)
+        items, seen, slots, written, storages = [], {}, [], set(self.mutated), {}
+        for n in self.context:
+            _, context, op = self.plans[n]
+            got = context.gather(self._known_arguments(n, op, args))
+            if got is None:
+                return None
+            mine = []
+            for i, v in enumerate(got):
+                slot = seen.get(id(v)) if isinstance(v, Tensor) else None
+                if slot is None:
+                    slot = len(items)
+                    items.append(v if isinstance(v, Tensor) else int(v))
+                    if isinstance(v, Tensor):
+                        seen[id(v)] = slot
+                mine.append(slot)
+                if i in context.writes and fixed + slot not in written:
+                    written.add(fixed + slot)
+                    box = id(_storage.box_of(v))
+                    if storages.setdefault(box, slot) != slot:
+                        # (two tensors of one storage, each written: the second's write would
+                        # be made from the storage's old value)
+                        self._go_eager(f"{_stats.op_name(op)} writes one storage through two tensors")
+                        return None
+            slots.append(tuple(mine))
+        return items, tuple(slots), written
+
+    def _known_arguments(self, n, op, args) -> dict:
+        """A context node's arguments by name, as far as the call knows them: its graph
+        inputs' values and its constants (None for values the graph computes)."""
+
+        def known(x):
+            if isinstance(x, torch.fx.Node):
+                pos = self.position.get(x)
+                return args[pos] if pos is not None else None
+            if isinstance(x, (list, tuple)):
+                return type(x)(known(y) for y in x)
+            return x
+
+        if n.target is _AUTO_FUNCTIONALIZED:
+            return {k: known(v) for k, v in n.kwargs.items() if not k.startswith("_")}
+        names = [a.name for a in op._schema.arguments]
+        return dict(zip(names, (known(v) for v in _schema_args(op, n.args, n.kwargs))))
 
     def _run_eager(self, args):
         _counters["compiled_graph_eager_calls"] += 1
@@ -514,7 +610,7 @@ class Program(OutputCode):
         found = {}
 
         def traced(*dyn):
-            outs, writes, flags, layouts = self._trace(descs, inputs, dyn, starts, index)
+            outs, writes, flags, layouts = self._trace(descs, inputs, dyn, starts, index, key[-2])
             device = [(pos, w) for pos, w in writes if not inputs[pos].is_cpu]
             host = [(pos, w) for pos, w in writes if inputs[pos].is_cpu]
             found["layouts"], found["writes"], found["host"] = layouts, device, [pos for pos, _ in host]
@@ -586,9 +682,10 @@ class Program(OutputCode):
             return f"new input shapes or layout ({self.placeholders[i].name})"
         return "new input"
 
-    def _trace(self, descs, inputs, dyn, starts, index: int):
+    def _trace(self, descs, inputs, dyn, starts, index: int, slots=()):
         """The graph as JAX values: (outputs, [(input position, storage array)], checks,
-        how each output becomes a tensor)."""
+        how each output becomes a tensor); ``slots``: each context node's positions among
+        the gathered values (NOTE [Ops that read their context])."""
         it = _executor._Counting(dyn)
         env = {}
         position = {}
@@ -600,6 +697,10 @@ class Program(OutputCode):
                 env[n] = next(it)
             else:
                 env[n] = a
+        fixed = len(self.placeholders) + len(self.constants)
+        sides = [_executor._read(d, it) if isinstance(a, Tensor) else next(it) for d, a in zip(descs[fixed:], inputs[fixed:])]
+        side_writes: set = set()
+        context = dict(zip(self.context, slots))
         keys = {n: next(it) for n in self.random}
         checks: list = []
         new_values = {}
@@ -625,12 +726,16 @@ class Program(OutputCode):
                 src = jnp.broadcast_to(cast(jnp.asarray(args[1]), _TO_NP[dst.dtype]), tuple(args[0].shape))
                 new_values[position[n.args[0]]] = src
                 env[n] = src
+            elif n in context:
+                env[n] = self._context(n, args, kwargs, sides, context[n], side_writes, index, checks)
             elif not isinstance(op, torch._ops.OpOverload) and n not in self.plans:
                 env[n] = op(*args, **kwargs)
             elif op in _SIZE_OPS:
                 env[n] = _SIZE_OPS[op](*args)
             else:
                 env[n] = self._node(n, args, kwargs, index, checks, keys.get(n))
+        for slot in side_writes:
+            new_values[fixed + slot] = sides[slot]
         outs, layouts = [], []
         for r in self.output.args[0]:
             if isinstance(r, torch.fx.Node) and r in position and position[r] < len(self.placeholders):
@@ -656,6 +761,34 @@ class Program(OutputCode):
                 (pos, _executor._write(base, desc, new_values[pos], _executor._offset(desc, dyn, starts[pos])))
             )
         return outs, writes, checks, layouts
+
+    def _context(self, n, args, kwargs, sides: list, mine: tuple, side_writes: set, index: int, checks: list):
+        """A context op's node (NOTE [Ops that read their context]): its lowering, given the
+        current values of what it gathered; the values it writes replace them."""
+        _, context, op = self.plans[n]
+        gathered = [sides[s] for s in mine]
+        updates = {}
+
+        def lower(named: dict):
+            result, new = context.lower(named, gathered)
+            updates.update(new)
+            return result
+
+        if n.target is _AUTO_FUNCTIONALIZED:
+            mutable = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+            def run(vals):
+                result = lower({a.name: v for a, v in zip(op._schema.arguments, vals)})
+                return [result.get(name) for name in mutable]
+
+            out = _auto_functionalized(None, args, kwargs, n, index, checks, None, run=run)
+        else:
+            names = [a.name for a in op._schema.arguments]
+            out = _fit(lower(dict(zip(names, _schema_args(op, args, kwargs)))), n.meta.get("val"), op)
+        for i, v in updates.items():
+            sides[mine[i]] = v
+            side_writes.add(mine[i])
+        return out
 
     def _node(self, n, args, kwargs, index: int, checks: list, rng):
         op = n.target
@@ -711,12 +844,14 @@ class Program(OutputCode):
 _AUTO_FUNCTIONALIZED = getattr(torch.ops.higher_order, "auto_functionalized_v2", None)
 
 
-def _auto_functionalized(spec, args, kwargs, node, index: int, checks: list, rng):
+def _auto_functionalized(spec, args, kwargs, node, index: int, checks: list, rng, run=None):
     """A mutating op as AOTAutograd functionalizes it (``auto_functionalized_v2``: the op's
     mutated arguments given as indices into ``_all_bases``; the result is the op's outputs,
     then every base's new value): the lowering's written values become the bases' new
     values. NOTE [Input mutations in compiled graphs] writes them into the caller's
-    tensors. Only arguments that are whole bases, not views of them."""
+    tensors. Only arguments that are whole bases, not views of them. ``run``: the op's
+    computation from its arguments in schema order, returning its mutated arguments' new
+    values (a context op's, which returns nothing else), instead of ``spec``'s lowering."""
     op = args[0]
     kwargs = dict(kwargs)
     bases = list(kwargs.pop("_all_bases", []))
@@ -737,9 +872,13 @@ def _auto_functionalized(spec, args, kwargs, node, index: int, checks: list, rng
         targets.append(where)
     val = node.meta.get("val")
     outs = list(val[: len(val) - len(bases)]) if isinstance(val, (list, tuple)) else []
-    result = _call_lowering(spec, vals, node, index, checks, rng, dtypes=_value_dtypes(outs))
+    if run is not None:
+        result = run(vals)
+    else:
+        result = _call_lowering(spec, vals, node, index, checks, rng, dtypes=_value_dtypes(outs))
     results = list(result) if isinstance(result, (list, tuple)) else [result]
-    fresh, written = results[: spec.n_fresh], results[spec.n_fresh :]
+    fresh_count = spec.n_fresh if spec is not None else 0
+    fresh, written = results[:fresh_count], results[fresh_count:]
     for where, value in zip(targets, written):
         for w, v in zip(where if isinstance(where, list) else [where], value if isinstance(where, list) else [value]):
             if w is not None and v is not None:
@@ -817,6 +956,17 @@ def _opaque() -> tuple:
 
 
 _OPAQUE = _opaque()
+
+
+def _value_opaque() -> tuple:
+    try:
+        from torch._opaque_base import OpaqueBase
+    except ImportError:  # (torch before 2.11)
+        return ()
+    return (OpaqueBase,)
+
+
+_VALUE_OPAQUE = _value_opaque()
 
 
 def _static(val) -> bool:

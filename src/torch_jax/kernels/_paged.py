@@ -28,69 +28,151 @@ def _kv_cache_update(key, value, kv_cache, slot_mapping):
 
 
 # NOTE [Paged attention in jnp]: each query token finds its sequence (a search in
-# query_start_loc) and its position, then walks the cache blocks it attends to, one per
-# step of a loop with an online softmax: step i gathers, for every token at once, the
-# i-th block of its window, so a step holds (T, Hq, block_size) scores, never a token's
-# whole context or the whole cache. The loop runs as many steps as the longest window
-# has blocks, a bound read from the arguments at run time, so the op compiles once per
-# shape of its arguments whatever the lengths. The tokens of one sequence each gather
-# its blocks (a prefill of T tokens reads its context T times), which a kernel would
-# not: ``_ragged_paged_attention`` is the place for a Pallas kernel on GPU or TPU
-# (lax.platform_dependent, this body as the default). JAX's TPU kernel
-# (jax.experimental.pallas.ops.tpu.ragged_paged_attention) takes these same arguments,
-# with keys and values interleaved by head in one page array.
+# query_start_loc) and its position. Its keys are of two kinds, each a loop with one
+# online softmax carried through both, so a step holds a tile of scores, never a token's
+# whole context or the whole cache:
+#
+# - the keys of the batch's own tokens (the step's new tokens, written into the cache
+#   before attention): a sequence's new tokens are consecutive in the batch, so the
+#   queries go in tiles of consecutive tokens, and step i pairs each query tile with the
+#   key tile i tiles before it (shifted, not gathered), masked to the query's own
+#   sequence and causal order; as many steps as the longest query spans tiles. A prefill
+#   reads its keys once a tile, not once a token.
+# - the keys cached before the step (a prefix, an earlier chunk, a decode's context):
+#   step i gathers, for every token at once, the i-th cache block of its window; as many
+#   steps as the longest cached window has blocks (none for a batch of fresh prefills).
+#
+# Both bounds are read from the arguments at run time, so the op compiles once per shape
+# of its arguments whatever the lengths. ``_ragged_paged_attention`` is the place for a
+# Pallas kernel on GPU or TPU (lax.platform_dependent, this body as the default). JAX's
+# TPU kernel (jax.experimental.pallas.ops.tpu.ragged_paged_attention) takes these same
+# arguments, with keys and values interleaved by head in one page array.
+
+_TILE = 32  # (queries and keys of the batch's own tokens in a tile: at most this many)
+
+
+def _online_softmax(carry, s, v, seen, soft_cap):
+    """One step of the online softmax: scores ``s`` (..., K) against values ``v`` (..., K,
+    D), ``seen`` the keys the query attends to (a mask broadcast to ``s``)."""
+    m, total, acc = carry  # running max, softmax denominator: (...); (..., D)
+    if soft_cap > 0:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    s = jnp.where(seen, s, -jnp.inf)
+    m_new = jnp.maximum(m, s.max(-1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # (no key seen yet: exp(-inf) = 0, not nan)
+    p = jnp.exp(s - m_safe[..., None])
+    alpha = jnp.exp(m - m_safe)
+    total = total * alpha + p.sum(-1)
+    acc = acc * alpha[..., None] + jnp.einsum("...k,...kd->...d", p, v, precision=lax.Precision.HIGHEST)
+    return m_new, total, acc
 
 
 def _ragged_paged_attention(
-    query, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window=-1, soft_cap=0.0
+    query, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window=-1, soft_cap=0.0, num_seqs=-1
 ):
-    """Causal attention of each query token to its sequence's cached keys and values,
-    computed in float32 (NOTE [Paged attention in jnp]); padding tokens' rows are zeros."""
+    """Causal attention of each query token to its sequence's keys and values in the cache
+    (the batch's own tokens' written there first), computed in float32 (NOTE [Paged
+    attention in jnp]); padding tokens' rows are zeros. ``num_seqs`` (an int or a traced
+    one; -1: all): the batch's sequences, the first rows of the metadata, whose rows past
+    them are ignored, so that the metadata may be buffers of a fixed size and one
+    computation serve every batch size."""
     tokens, q_heads, dim = query.shape
     _, kv_heads, block_size, _ = kv_cache.shape
     group = q_heads // kv_heads
     n_seqs, table_width = block_table.shape
-    starts = query_start_loc.astype(jnp.int32)
+    starts = query_start_loc.astype(jnp.int32)[: n_seqs + 1]
+    seq_lens = seq_lens[:n_seqs].astype(jnp.int32)
+    if not (isinstance(num_seqs, int) and num_seqs < 0):  # (the rows past the batch: empty sequences)
+        row = jnp.arange(n_seqs + 1, dtype=jnp.int32)
+        num_seqs = jnp.asarray(num_seqs).astype(jnp.int32)
+        starts = jnp.where(row <= num_seqs, starts, starts[num_seqs])
+        seq_lens = jnp.where(row[:n_seqs] < num_seqs, seq_lens, 0)
+    table = block_table.astype(jnp.int32)
     t = jnp.arange(tokens, dtype=jnp.int32)
     seq = jnp.minimum(jnp.searchsorted(starts[1:], t, side="right"), n_seqs - 1)  # (T,)
-    last = seq_lens.astype(jnp.int32)[seq] - (starts[seq + 1] - t)  # (T,) the token's own position
-    last = jnp.where(t < starts[n_seqs], last, -1)  # (padding tokens attend to nothing)
+    real = t < starts[n_seqs]
+    q_len = starts[seq + 1] - starts[seq]  # (T,) its sequence's tokens in the batch
+    last = jnp.where(real, seq_lens[seq] - (starts[seq + 1] - t), -1)  # (T,) the token's own position
+    cached = jnp.where(real, seq_lens[seq] - q_len, 0)  # (T,) its sequence's positions cached before the step
     first = jnp.maximum(last - sliding_window + 1, 0) if sliding_window > 0 else jnp.zeros_like(last)
-    first_block = first // block_size
-    steps = jnp.max(last // block_size - first_block + 1)
-    table = block_table.astype(jnp.int32)
     q = query.astype(jnp.float32).reshape(tokens, kv_heads, group, dim) * scale  # (T, Hkv, G, D)
+
+    # the batch's own tokens, in tiles (their keys and values from their slots in the cache)
+    tile = next((n for n in (_TILE, 32, 16, 8) if tokens % n == 0), 1)
+    tiles = tokens // tile
+    own_pos = jnp.maximum(last, 0)
+    own_block = table[seq, jnp.minimum(own_pos // block_size, table_width - 1)]
+    own = kv_cache[own_block, :, own_pos % block_size].astype(jnp.float32)  # (T, Hkv, 2D)
+    own_seq = jnp.where(real, seq, -1)
+
+    def shifted(x, i, fill):  # x's tiles moved i tiles later (the first i: ``fill``)
+        x = x.reshape(tiles, tile, *x.shape[1:])
+        padded = jnp.concatenate([jnp.full_like(x, fill), x])
+        return lax.dynamic_slice_in_dim(padded, tiles - i, tiles)
+
+    q_tiles = q.reshape(tiles, tile, kv_heads, group, dim)
+    q_seq, q_t = own_seq.reshape(tiles, tile), t.reshape(tiles, tile)
+    q_first = first.reshape(tiles, tile)
+
+    def own_step(i, carry):
+        kv = shifted(own, i, 0.0)  # (tiles, tile, Hkv, 2D)
+        k_seq, k_t, k_pos = shifted(own_seq, i, -2), shifted(t, i, -1), shifted(last, i, -1)
+        seen = (
+            (q_seq[:, :, None] == k_seq[:, None, :])
+            & (k_t[:, None, :] <= q_t[:, :, None])
+            & (k_pos[:, None, :] >= q_first[:, :, None])
+            & (q_seq[:, :, None] >= 0)
+        )  # (tiles, tile, tile)
+        s = jnp.einsum("nqhgd,nkhd->nqhgk", q_tiles, kv[..., :dim], precision=lax.Precision.HIGHEST)
+        v = jnp.where((k_seq >= 0)[..., None, None], kv[..., dim:], 0)  # (padding tokens' slots: never written)
+        v = jnp.moveaxis(v, 1, 2)[:, None, :, None]  # (tiles, 1, Hkv, 1, tile, D)
+        return _online_softmax(carry, s, v, seen[:, :, None, None, :], soft_cap)
+
+    longest = jnp.max(jnp.where(real, q_len, 0))
+    own_steps = jnp.where(longest > 0, (longest - 1 + tile - 1) // tile + 1, 0)
+    carry = (
+        jnp.full((tiles, tile, kv_heads, group), -jnp.inf, jnp.float32),
+        jnp.zeros((tiles, tile, kv_heads, group), jnp.float32),
+        jnp.zeros((tiles, tile, kv_heads, group, dim), jnp.float32),
+    )
+    carry = lax.fori_loop(0, own_steps, own_step, carry)
+    carry = tuple(c.reshape(tokens, *c.shape[2:]) for c in carry)
+
+    # the keys cached before the step, a block a step
+    first_block = first // block_size
+    steps = jnp.max(jnp.where(cached > first, (cached - 1) // block_size - first_block + 1, 0))
     offsets = jnp.arange(block_size, dtype=jnp.int32)
 
-    def step(i, carry):
-        m, total, acc = carry  # running max, softmax denominator: (T, Hkv, G); (T, Hkv, G, D)
+    def cached_step(i, carry):
         b = first_block + i  # (T,)
         block = table[seq, jnp.minimum(b, table_width - 1)]  # (T,)
         pos = b[:, None] * block_size + offsets  # (T, BS)
-        seen = (pos >= first[:, None]) & (pos <= last[:, None])  # (T, BS)
+        seen = (pos >= first[:, None]) & (pos < cached[:, None])  # (T, BS)
         kv = kv_cache[block].astype(jnp.float32)  # (T, Hkv, BS, 2D)
-        k = kv[..., :dim]
         v = jnp.where(seen[:, None, :, None], kv[..., dim:], 0)  # (never-written slots)
-        s = jnp.einsum("thgd,thbd->thgb", q, k, precision=lax.Precision.HIGHEST)  # (T, Hkv, G, BS)
-        if soft_cap > 0:
-            s = soft_cap * jnp.tanh(s / soft_cap)
-        s = jnp.where(seen[:, None, None, :], s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(-1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # (no key seen yet: exp(-inf) = 0, not nan)
-        p = jnp.exp(s - m_safe[..., None])
-        alpha = jnp.exp(m - m_safe)
-        total = total * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + jnp.einsum("thgb,thbd->thgd", p, v, precision=lax.Precision.HIGHEST)
-        return m_new, total, acc
+        s = jnp.einsum("thgd,thbd->thgb", q, kv[..., :dim], precision=lax.Precision.HIGHEST)  # (T, Hkv, G, BS)
+        return _online_softmax(carry, s, v[:, :, None], seen[:, None, None, :], soft_cap)
 
-    init = (
-        jnp.full((tokens, kv_heads, group), -jnp.inf, jnp.float32),
-        jnp.zeros((tokens, kv_heads, group), jnp.float32),
-        jnp.zeros((tokens, kv_heads, group, dim), jnp.float32),
-    )
-    _, total, acc = lax.fori_loop(0, steps, step, init)
+    _, total, acc = lax.fori_loop(0, steps, cached_step, carry)
     out = acc / jnp.where(total > 0, total, 1.0)[..., None]  # (padding tokens: acc is 0)
     return out.reshape(tokens, q_heads, dim).astype(query.dtype)
+
+
+def _slot_mapping(slot_mapping, query_start_loc, positions, block_table, num_tokens, num_seqs, block_size, pad_id):
+    """Each of the batch's first ``num_tokens`` tokens' cache slot, from its sequence's
+    row of the block table and its position; ``pad_id`` past them. Whole buffers of a fixed
+    size, the first ``num_seqs`` rows of the metadata the batch's (NOTE [Paged attention in
+    jnp]: one computation for every batch)."""
+    n = slot_mapping.shape[0]
+    rows, width = block_table.shape
+    row = jnp.arange(query_start_loc.shape[0], dtype=jnp.int32)
+    ends = jnp.where(row <= num_seqs, query_start_loc.astype(jnp.int32), jnp.iinfo(jnp.int32).max)[1:]
+    t = jnp.arange(n, dtype=jnp.int32)
+    seq = jnp.minimum(jnp.searchsorted(ends, t, side="right"), rows - 1)
+    pos = positions[:n].astype(jnp.int32)
+    block = block_table[seq, jnp.clip(pos // block_size, 0, width - 1)].astype(slot_mapping.dtype)
+    slots = block * block_size + pos % block_size
+    return jnp.where(t < num_tokens, slots, pad_id).astype(slot_mapping.dtype)
 
 
 paged_kv_cache_update = jax_op(
@@ -103,7 +185,16 @@ ragged_paged_attention = jax_op(
     _ragged_paged_attention,
     schema=(
         "(Tensor query, Tensor kv_cache, Tensor query_start_loc, Tensor seq_lens, Tensor block_table, "
-        "float scale, int sliding_window=-1, float logits_soft_cap=0.0) -> Tensor"
+        "float scale, int sliding_window=-1, float logits_soft_cap=0.0, Scalar num_seqs=-1) -> Tensor"
+    ),
+    autograd=False,
+)
+paged_slot_mapping = jax_op(
+    "torch_jax::paged_slot_mapping",
+    _slot_mapping,
+    schema=(
+        "(Tensor(a!) slot_mapping, Tensor query_start_loc, Tensor positions, Tensor block_table, Scalar num_tokens, "
+        "Scalar num_seqs, int block_size, int pad_id) -> ()"
     ),
     autograd=False,
 )

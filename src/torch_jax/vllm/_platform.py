@@ -10,11 +10,14 @@ as any PyTorch code does. What differs from vLLM's GPU path, each with its own N
 - the worker (vllm/_worker.py): the device is ``jax:LOCAL_RANK``, after the process
   group; no CUDA allocator pools or sleep mode; no CUDA kernel warm-ups;
 - the model runner (vllm/_worker.py): the sampled tokens' copy to the host, which vLLM's
-  GPU runner does through pinned memory and a CUDA event;
+  GPU runner does through pinned memory and a CUDA event; a storage for each layer's KV
+  cache; token counts padded to buckets, each compiled at start-up;
 - the slot mapping, a Triton kernel in vLLM (``register_triton_kernel_overrides``);
 - attention and the KV-cache write (vllm/_attention.py): ragged paged attention as
   JAX ops (kernels/_paged.py);
-- the compiler of vLLM's graph pieces (vllm/_compiler.py): torch_jax's backend;
+- the compiler of vLLM's graph (vllm/_compiler.py): torch_jax's backend, the graph
+  whole, attention and the cache write included (NOTE [vLLM's step as one computation]
+  in vllm/_attention.py);
 - the configuration (``check_and_update_config``): no CUDA graphs, asynchronous
   scheduling or CUDA fusion passes; the KV cache's size on XLA:CPU; workers spawned.
 
@@ -127,8 +130,8 @@ class JaxPlatform(Platform):
             # device's memory is the host's, shared with every process on it. The cache gets
             # a fixed size there instead, 1 GiB or an eighth of the memory if less
             # (--kv-cache-memory sets it, as VLLM_CPU_KVCACHE_SPACE does on vLLM's CPU
-            # platform): small, as each eager write of the cache copies it today
-            # (docs/serving.md).
+            # platform). Compiled steps write the cache in place; an eager step
+            # (enforce_eager) writes a layer's cache as a new array of it.
             from torch_jax.device._module import _host_memory
 
             cache.kv_cache_memory_bytes = min(1 << 30, _host_memory()[1] // 8)
@@ -142,6 +145,8 @@ class JaxPlatform(Platform):
         for field in dataclasses.fields(passes):
             if field.name.startswith(("fuse_", "enable_qk_norm")):
                 setattr(passes, field.name, False)
+        if compilation.splitting_ops is None:
+            compilation.splitting_ops = []  # (the graph whole: NOTE [vLLM's step as one computation])
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
         compilation.max_cudagraph_capture_size = 0
@@ -156,8 +161,9 @@ class JaxPlatform(Platform):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """NOTE [Slot mapping on jax]: vLLM computes each token's KV-cache slot from the
-        block table with a Triton kernel; on jax it is the same arithmetic in PyTorch ops
-        (``_compute_slot_mapping``), in the kernel's argument order."""
+        block table with a Triton kernel; on jax it is the same arithmetic as one JAX op,
+        ``torch_jax.paged_slot_mapping`` (``_compute_slot_mapping``, in the kernel's argument
+        order): one dispatch a step, and one computation whatever the batch's size."""
         from vllm.triton_utils.dispatcher import register_kernels
 
         register_kernels({"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": _compute_slot_mapping})
@@ -186,14 +192,20 @@ def _compute_slot_mapping(
     BLOCK_SIZE=1024,
 ) -> None:
     """vLLM's ``ComputeSlotMappingKernel.kernel`` (NOTE [Slot mapping on jax]): the slot of
-    each of the batch's tokens, and ``PAD_ID`` past them."""
+    each of the batch's tokens, and ``PAD_ID`` past them, as one op on the runner's whole
+    buffers (NOTE [Metadata of a fixed size] in vllm/_attention.py), compiled once."""
     if TOTAL_CP_WORLD_SIZE != 1:
         raise NotImplementedError("torch_jax: vLLM's context parallelism is not supported on jax")
+    from torch_jax.vllm._attention import _rows
+
     num_reqs = query_start_loc.shape[0] - 1
-    tokens = torch.arange(num_tokens, device=positions.device)
-    # (each token's request: the last request whose first token is at or before it)
-    request = torch.searchsorted(query_start_loc[1 : num_reqs + 1].to(torch.int64), tokens, right=True)
-    pos = positions[:num_tokens]
-    block = block_table[request, torch.div(pos, KV_CACHE_BLOCK_SIZE, rounding_mode="floor")].to(torch.int64)
-    slot_mapping[:num_tokens] = block * KV_CACHE_BLOCK_SIZE + pos % KV_CACHE_BLOCK_SIZE
-    slot_mapping[num_tokens:max_num_tokens] = PAD_ID
+    torch.ops.torch_jax.paged_slot_mapping(
+        slot_mapping[:max_num_tokens],
+        _rows(query_start_loc, block_table.shape[0] + 1),
+        _rows(positions, max_num_tokens),
+        block_table,
+        num_tokens,
+        num_reqs,
+        KV_CACHE_BLOCK_SIZE,
+        PAD_ID,
+    )

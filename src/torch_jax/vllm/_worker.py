@@ -4,6 +4,7 @@ vLLM's GPU ones, with what they do through CUDA done for the jax device."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 
@@ -50,14 +51,26 @@ class JaxWorker(Worker):
     def _maybe_get_memory_pool_context(self, tag: str):
         return contextlib.nullcontext()  # (vLLM's CUDA memory pools for sleep mode: none on jax)
 
+    def determine_available_memory(self) -> int:
+        """A KV cache of a given size (NOTE [vLLM's memory on XLA:CPU]) needs no profile:
+        vLLM's GPU worker still runs its profiling step then, to compile the model for its
+        largest batch, which the warm-up of every bucket does here (NOTE [Token
+        buckets])."""
+        if self.cache_config.kv_cache_memory_bytes and self.model_config.multimodal_config is None:
+            return self.cache_config.kv_cache_memory_bytes
+        return super().determine_available_memory()
+
     def _compile_or_warm_up_model(self):
         """NOTE [vLLM's kernel warm-ups]: vLLM's GPU worker warms up CUDA, Triton and
         CuTe kernels (``kernel_warmup``: router GEMMs, FlashInfer autotuning, sparse
         attention kernels) between compiling the model and sampling once; none runs on
-        jax, and some import CUDA-only Triton modules. The rest of the GPU worker's
-        warm-up runs as it is, with that one step left out."""
+        jax, and some import CUDA-only Triton modules. The model's warm-up runs every
+        token bucket instead (NOTE [Token buckets]); the rest of the GPU worker's warm-up
+        (the sampler's) runs as it is."""
         from vllm.v1.worker import gpu_worker
 
+        if not self.model_config.enforce_eager:
+            self.model_runner.compile_buckets()
         warmup = gpu_worker.kernel_warmup
         gpu_worker.kernel_warmup = lambda worker, **kwargs: None
         try:
@@ -80,8 +93,80 @@ class JaxWorker(Worker):
 
 
 class JaxModelRunner(GPUModelRunner):
+    # NOTE [Token buckets]: each step's tokens are padded to the next of a few counts
+    # (powers of two from 16 to the batch's limit, ``max_num_batched_tokens``), as vLLM pads
+    # to its CUDA graphs' sizes: the model's computation is one per bucket (NOTE [vLLM's
+    # step as one computation] in vllm/_attention.py), and every bucket is compiled at
+    # start-up (``compile_buckets``, with a progress bar), so no step compiles. The
+    # padding tokens write no cache slot (-1) and their results are not read.
+
+    def buckets(self) -> list[int]:
+        limit = self.scheduler_config.max_num_batched_tokens
+        sizes, n = [], 16
+        while n < limit:
+            sizes.append(n)
+            n *= 2
+        return [*sizes, limit]
+
+    def bucket(self, num_tokens: int) -> int:
+        return next((b for b in self.buckets() if b >= num_tokens), num_tokens)
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, *args, **kwargs):
+        mode, descriptor, *rest = super()._determine_batch_execution_and_padding(num_tokens, *args, **kwargs)
+        if not self.model_config.enforce_eager and self.parallel_config.data_parallel_size == 1:
+            descriptor = dataclasses.replace(descriptor, num_tokens=self.bucket(descriptor.num_tokens))
+        return (mode, descriptor, *rest)
+
+    def _dummy_run(self, num_tokens: int, *args, **kwargs):
+        # (attention metadata for every warm-up step, so that it runs the step's computation,
+        # which reads it: vLLM builds it only for its CUDA graphs' capture)
+        if not kwargs.get("is_profile") and hasattr(self, "kv_cache_config"):
+            kwargs["force_attention"] = True
+        return super()._dummy_run(num_tokens, *args, **kwargs)
+
+    def compile_buckets(self) -> None:
+        """Runs the model once for every token bucket (NOTE [Token buckets]): each compiles,
+        or loads from the persistent compilation cache."""
+        from tqdm import tqdm
+
+        sizes = self.buckets()
+        for size in tqdm(sizes, desc="torch_jax: compiling the model's token buckets", disable=not _is_first_rank()):
+            self._dummy_run(size, skip_eplb=True, remove_lora=False)
+        torch.accelerator.synchronize()
+
+    def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes, kv_cache_allocation_context=None):
+        """NOTE [A storage a layer]: vLLM makes the KV cache of every layer a view of one
+        buffer. On jax a storage is one array, so writing a layer's cache through such a
+        view makes a new array of the whole buffer. Here each layer's view is made as a
+        tensor of its own, with the view's shape, strides and dtype (layers whose views
+        are the same bytes share one), so a layer's write replaces its own array, in place
+        once donated. Groups of layers that vLLM overlays in one buffer take a buffer each."""
+        from vllm.v1.worker import gpu_model_runner
+
+        allocate = gpu_model_runner.allocate_kv_cache
+
+        def per_layer(config, device, layout, sizes=None):
+            views = allocate(config, torch.device("meta"), layout, sizes)
+            made, caches = {}, {}
+            for name, view in views.items():
+                where = (view.storage_offset(), tuple(view.shape), tuple(view.stride()), view.dtype)
+                if where not in made:
+                    made[where] = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=device).zero_()
+                caches[name] = made[where]
+            return caches
+
+        gpu_model_runner.allocate_kv_cache = per_layer
+        try:
+            return super().initialize_kv_cache_tensors(kv_cache_config, kernel_block_sizes, kv_cache_allocation_context)
+        finally:
+            gpu_model_runner.allocate_kv_cache = allocate
+
     def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
         """NOTE [Sampled tokens to the host]: vLLM's GPU runner copies the sampled ids
         into pinned host memory and waits on a CUDA event, so as not to sync the whole
         device; on jax a copy to the host waits for exactly that array."""
         return sampled_token_ids.tolist()
+
+
+def _is_first_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
