@@ -33,6 +33,14 @@ class JaxWorker(Worker):
         init_worker_distributed_environment(
             self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
         )
+        # NOTE [No shape buckets under vLLM]: torch_jax's buckets for tensors whose length
+        # keeps changing (NOTE [Buckets] in runtime/_buckets) would put vLLM's persistent
+        # input buffers, written through slices of changing lengths, into padded arrays,
+        # and the step's computation, which reads them whole, would compile again for that
+        # layout. vLLM's steps are padded to token buckets already (NOTE [Token buckets]).
+        from torch_jax import config
+
+        config.bucketing = "off"
         self.device = torch.device(current_platform.device_type, self.local_rank)
         torch.accelerator.set_device_index(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
