@@ -59,16 +59,24 @@ def _vllm(path, tokenizer, prompts, new) -> dict:
     llm = vllm.LLM(
         model=path, tokenizer=tokenizer, dtype="float32", max_model_len=256, max_num_seqs=len(prompts),
         max_num_batched_tokens=4096, kv_cache_memory_bytes=256 << 20, disable_log_stats=False, seed=0,
+        enable_prefix_caching=False,  # (the timed run repeats the warm-up's prompts: the same work as HF's)
     )  # fmt: skip
     startup = time.perf_counter() - start
     params = vllm.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # (warm-up: the same batch)
     before = {m.name: m for m in llm.get_metrics()}
+    import torch_jax
+
+    torch_jax.reset_stats()
     compiles = _compiles()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
     after = {m.name: m for m in llm.get_metrics()}
+    counts = torch_jax.stats()
+    breakdown = _breakdown(llm, prompts, params)
+    breakdown["eager_ops_per_step"] = counts.get("ops", 0) / max(breakdown["steps"], 1)
+    breakdown["host_transfers_per_step"] = counts.get("host_transfers", 0) / max(breakdown["steps"], 1)
 
     def mean(name):  # (a histogram's mean over the timed run)
         a, b = after.get(name), before.get(name)
@@ -84,6 +92,52 @@ def _vllm(path, tokenizer, prompts, new) -> dict:
         "ttft_s": mean("vllm:time_to_first_token_seconds"),
         "tpot_s": mean("vllm:request_time_per_output_token_seconds") or mean("vllm:inter_token_latency_seconds"),
         "compiles": _compiles() - compiles,
+        "breakdown": breakdown,
+    }
+
+
+def _breakdown(llm, prompts, params) -> dict:
+    """Where a step's time goes: the same generation once more, each call of the compiled
+    model step timed alone (the device's queue drained before and after it); the rest of
+    the run's time is vLLM's own Python (scheduling, input preparation, sampling,
+    detokenizing), its eager ops and host transfers. The drains add a little to each step."""
+    import jax
+
+    from torch_jax.compile import _graph
+    from torch_jax.device import _state
+
+    calls = []
+    original = _graph.Program.__call__
+
+    def timed(self, *args):
+        # (the step's token count: its first input, the token ids; read first, as the call
+        # empties the list of its inputs)
+        first = args[0][0] if args and isinstance(args[0], list) and args[0] else args[0] if args else None
+        tokens = getattr(first, "shape", (0,))[0]
+        jax.block_until_ready(list(_state.last.values()))
+        start = time.perf_counter()
+        out = original(self, *args)
+        jax.block_until_ready(list(_state.last.values()))
+        calls.append((tokens, time.perf_counter() - start))
+        return out
+
+    _graph.Program.__call__ = timed
+    try:
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+    finally:
+        _graph.Program.__call__ = original
+    counts = [n for n, _ in calls]
+    steady = max(set(counts), key=counts.count) if counts else 0  # (the decode steps' padded token count)
+    decode = [t for n, t in calls if n == steady]
+    prefill = [t for n, t in calls if n != steady]
+    return {
+        "steps": len(calls),
+        "wall_s": wall,
+        "prefill_compute_s": sum(prefill),
+        "decode_compute_ms": 1000 * sum(decode) / max(len(decode), 1),
+        "rest_ms_per_step": 1000 * (wall - sum(t for _, t in calls)) / max(len(calls), 1),
     }
 
 
@@ -150,7 +204,13 @@ def main(argv=None) -> dict:
     rows = {}
     for variant in args.variants.split(","):
         if variant == "vllm":
+            import torch_jax
+
+            bucketing = torch_jax.config.bucketing
             rows[variant] = _vllm(path, tokenizer, prompts, args.new)
+            # (vLLM's worker, here in this process, turns torch_jax's shape buckets off: NOTE
+            # [No shape buckets under vLLM]; the HF rows run with the setting they would have)
+            torch_jax.config.bucketing = bucketing
         elif variant == "hf-cpu":
             rows[variant] = _hf(path, tokenizer, prompts, args.new, "cpu")
         elif variant in ("hf-jax", "hf-jax-fused"):
@@ -204,6 +264,16 @@ def main(argv=None) -> dict:
             f"{fmt(r.get('startup_s'), '.1f')} | {fmt(r.get('ttft_s'))} | {fmt(r.get('tpot_s'), '.4f')} | "
             f"{fmt(r.get('compiles'), 'd')} | {_same(r, args.prompts)} |"
         )
+    b = rows.get("vllm", {}).get("breakdown")
+    if b:
+        lines += [
+            "",
+            f"Where vLLM's time goes (the same run once more, each compiled step timed alone: {b['wall_s']:.2f} s, "
+            f"{b['steps']} steps): the prefill's computation {1000 * b['prefill_compute_s']:.0f} ms; a decode step's "
+            f"computation {b['decode_compute_ms']:.1f} ms; the rest, {b['rest_ms_per_step']:.1f} ms a step, is vLLM's "
+            f"own Python, its {b['eager_ops_per_step']:.0f} eager ops and {b['host_transfers_per_step']:.0f} host "
+            "transfers a step.",
+        ]
     gaps = [d for r in rows.values() for d in r.get("divergences", [])]
     lines += [
         "",
