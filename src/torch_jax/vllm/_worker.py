@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 
@@ -28,8 +29,10 @@ class JaxWorker(Worker):
         CUDA allocator pools (vLLM's sleep mode), no cuBLAS handles to create first."""
         # (the process group first: JAX's distributed runtime starts with the device, from
         # the group's rendezvous, NOTE [The jax process group]; each process of the group
-        # sees its host's devices, as a CUDA worker sees its GPUs, and uses its own)
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.parallel_config.local_world_size))
+        # sees its host's devices, as a CUDA worker sees its GPUs, and uses its own; vLLM's
+        # count of its workers on this host, not a value inherited from the environment: an
+        # engine run in a parent process set that parent's)
+        os.environ["LOCAL_WORLD_SIZE"] = str(self.parallel_config.local_world_size)
         init_worker_distributed_environment(
             self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
         )
@@ -78,7 +81,7 @@ class JaxWorker(Worker):
         from vllm.v1.worker import gpu_worker
 
         if not self.model_config.enforce_eager:
-            self.model_runner.compile_buckets()
+            self.model_runner.compile_buckets(progress=self.rank == 0)
         warmup = gpu_worker.kernel_warmup
         gpu_worker.kernel_warmup = lambda worker, **kwargs: None
         try:
@@ -108,6 +111,7 @@ class JaxModelRunner(GPUModelRunner):
     # start-up (``compile_buckets``, with a progress bar), so no step compiles. The
     # padding tokens write no cache slot (-1) and their results are not read.
 
+    @functools.cached_property
     def buckets(self) -> list[int]:
         limit = self.scheduler_config.max_num_batched_tokens
         sizes, n = [], 16
@@ -117,7 +121,7 @@ class JaxModelRunner(GPUModelRunner):
         return [*sizes, limit]
 
     def bucket(self, num_tokens: int) -> int:
-        return next((b for b in self.buckets() if b >= num_tokens), num_tokens)
+        return next((b for b in self.buckets if b >= num_tokens), num_tokens)
 
     def _determine_batch_execution_and_padding(self, num_tokens: int, *args, **kwargs):
         mode, descriptor, *rest = super()._determine_batch_execution_and_padding(num_tokens, *args, **kwargs)
@@ -132,13 +136,12 @@ class JaxModelRunner(GPUModelRunner):
             kwargs["force_attention"] = True
         return super()._dummy_run(num_tokens, *args, **kwargs)
 
-    def compile_buckets(self) -> None:
+    def compile_buckets(self, progress: bool = True) -> None:
         """Runs the model once for every token bucket (NOTE [Token buckets]): each compiles,
         or loads from the persistent compilation cache."""
         from tqdm import tqdm
 
-        sizes = self.buckets()
-        for size in tqdm(sizes, desc="torch_jax: compiling the model's token buckets", disable=not _is_first_rank()):
+        for size in tqdm(self.buckets, desc="torch_jax: compiling the model's token buckets", disable=not progress):
             self._dummy_run(size, skip_eplb=True, remove_lora=False)
         torch.accelerator.synchronize()
 
@@ -159,7 +162,9 @@ class JaxModelRunner(GPUModelRunner):
             for name, view in views.items():
                 where = (view.storage_offset(), tuple(view.shape), tuple(view.stride()), view.dtype)
                 if where not in made:
-                    made[where] = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=device).zero_()
+                    made[where] = torch.empty_strided(
+                        view.shape, view.stride(), dtype=view.dtype, device=device
+                    ).zero_()
                 caches[name] = made[where]
             return caches
 
@@ -174,7 +179,3 @@ class JaxModelRunner(GPUModelRunner):
         into pinned host memory and waits on a CUDA event, so as not to sync the whole
         device; on jax a copy to the host waits for exactly that array."""
         return sampled_token_ids.tolist()
-
-
-def _is_first_rank() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
