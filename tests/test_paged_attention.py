@@ -277,7 +277,9 @@ def test_slot_mapping_from_whole_buffers():
             positions[starts[s] : starts[s + 1]] = pos
             expected[starts[s] : starts[s + 1]] = table[s, pos // block_size].long() * block_size + pos % block_size
         got = torch.zeros(size, dtype=torch.int64, device="jax")
-        slot_mapping(got, starts.to("jax"), positions.to("jax"), table.to("jax"), sum(q_lens), len(q_lens), block_size, -1)
+        slot_mapping(
+            got, starts.to("jax"), positions.to("jax"), table.to("jax"), sum(q_lens), len(q_lens), block_size, -1
+        )
         torch.testing.assert_close(got.cpu(), expected)
         if seed == 0:
             torch_jax.reset_stats()

@@ -6,12 +6,8 @@ with caches of their own, started empty."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'torch_ja
 
 import _vllm_models  # noqa: E402
 from test_vllm import PROMPTS, _hf_greedy  # noqa: E402
+from test_vllm_parallel import run_in_session  # noqa: E402
 
 NEW = 6
 BUCKETS = 2  # (max_num_batched_tokens=32: 16 and 32 tokens)
@@ -26,25 +23,13 @@ BUCKETS = 2  # (max_num_batched_tokens=32: 16 and 32 tokens)
 
 def _start(path, tokenizer, prompts, env) -> tuple[list, dict]:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_start.py")
-    proc = subprocess.Popen(
-        [sys.executable, script, path, tokenizer, json.dumps(prompts), str(NEW)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
-    )  # fmt: skip
-    try:
-        text, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        text, _ = proc.communicate()
-        pytest.fail(f"vLLM did not start and generate in 300 s:\n{text[-6000:]}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    returncode, text = run_in_session([script, path, tokenizer, json.dumps(prompts), str(NEW)], env, 300, "vLLM")
     found = {}
     for line in text.splitlines():
         for tag in ("TOKENS", "STATS"):
             if line.startswith(tag + " "):
                 found[tag] = json.loads(line[len(tag) + 1 :])
-    assert proc.returncode == 0 and len(found) == 2, text[-6000:]
+    assert returncode == 0 and len(found) == 2, text[-6000:]
     return found["TOKENS"], found["STATS"]
 
 

@@ -698,7 +698,9 @@ class Program(OutputCode):
             else:
                 env[n] = a
         fixed = len(self.placeholders) + len(self.constants)
-        sides = [_executor._read(d, it) if isinstance(a, Tensor) else next(it) for d, a in zip(descs[fixed:], inputs[fixed:])]
+        sides = [
+            _executor._read(d, it) if isinstance(a, Tensor) else next(it) for d, a in zip(descs[fixed:], inputs[fixed:])
+        ]
         side_writes: set = set()
         context = dict(zip(self.context, slots))
         keys = {n: next(it) for n in self.random}

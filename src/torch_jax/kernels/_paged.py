@@ -12,6 +12,8 @@ prefill and decode share one call. Importing the module registers
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -48,7 +50,7 @@ def _kv_cache_update(key, value, kv_cache, slot_mapping):
 # TPU kernel (jax.experimental.pallas.ops.tpu.ragged_paged_attention) takes these same
 # arguments, with keys and values interleaved by head in one page array.
 
-_TILE = 32  # (queries and keys of the batch's own tokens in a tile: at most this many)
+_TILE = 32  # (queries and keys of the batch's own tokens in a tile: at most this many, a power of two)
 
 
 def _online_softmax(carry, s, v, seen, soft_cap):
@@ -98,7 +100,7 @@ def _ragged_paged_attention(
     q = query.astype(jnp.float32).reshape(tokens, kv_heads, group, dim) * scale  # (T, Hkv, G, D)
 
     # the batch's own tokens, in tiles (their keys and values from their slots in the cache)
-    tile = next((n for n in (_TILE, 32, 16, 8) if tokens % n == 0), 1)
+    tile = math.gcd(tokens, _TILE)  # (the largest power of two up to _TILE that divides the tokens)
     tiles = tokens // tile
     own_pos = jnp.maximum(last, 0)
     own_block = table[seq, jnp.minimum(own_pos // block_size, table_width - 1)]
