@@ -93,7 +93,9 @@ def test_context_ops_run_in_the_graph_and_write_their_context_in_place():
     torch.testing.assert_close(got_acc, want_acc)
     stats = torch_jax.stats()
     assert stats.get("compiled_graph_eager_calls", 0) == 0
-    assert stats["compiled_graph_compiles"] == 1 and stats["compiled_graph_calls"] == 4
+    # (one computation for the four calls: compiled, or loaded from CI's shared persistent cache)
+    assert stats.get("compiled_graph_compiles", 0) + stats.get("compiled_graph_loads", 0) == 1
+    assert stats["compiled_graph_calls"] == 4
 
 
 def test_the_written_context_is_donated():
