@@ -150,9 +150,11 @@ def _ragged_paged_attention(
         block = table[seq, jnp.minimum(b, table_width - 1)]  # (T,)
         pos = b[:, None] * block_size + offsets  # (T, BS)
         seen = (pos >= first[:, None]) & (pos < cached[:, None])  # (T, BS)
-        kv = kv_cache[block].astype(jnp.float32)  # (T, Hkv, BS, 2D)
-        v = jnp.where(seen[:, None, :, None], kv[..., dim:], 0)  # (never-written slots)
-        s = jnp.einsum("thgd,thbd->thgb", q, kv[..., :dim], precision=lax.Precision.HIGHEST)  # (T, Hkv, G, BS)
+        # (keys and values gathered apart: each gather writes a contiguous array, where slices
+        # of one gathered block were copies of their own, a third of the op's time)
+        k = kv_cache[block, :, :, :dim].astype(jnp.float32)  # (T, Hkv, BS, D)
+        v = jnp.where(seen[:, None, :, None], kv_cache[block, :, :, dim:].astype(jnp.float32), 0)  # (never-written slots)
+        s = jnp.einsum("thgd,thbd->thgb", q, k, precision=lax.Precision.HIGHEST)  # (T, Hkv, G, BS)
         return _online_softmax(carry, s, v[:, :, None], seen[:, None, None, :], soft_cap)
 
     _, total, acc = lax.fori_loop(0, steps, cached_step, carry)
