@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src.array import ArrayImpl as _ArrayImpl  # (a class check: isinstance(v, jax.Array) is slower)
 
 from torch_jax._config import config
 from torch_jax.device import _accelerator
@@ -85,6 +86,7 @@ class OpSpec:
         "bucket",
         "tensor_args",
         "rows_rule",
+        "fast",
     )
 
     def __init__(self, op, lowering, inplace: bool):
@@ -131,6 +133,7 @@ class OpSpec:
         functional = not inplace and not self.writes and self.returns == [None] and not lowering.random
         # NOTE [Padded rows] (runtime/_buckets)
         self.rows_rule = _buckets.rule_of(op) if functional or op in _buckets.RULES else None
+        self.fast = _fast_path(self)
 
 
 _NO_DEFAULT = object()
@@ -254,8 +257,125 @@ def _key_contiguous(k) -> bool:
     return True
 
 
+# NOTE [The fast path of a cache hit]: most op calls are hits on plain operands: device
+# tensors that are their storage's whole array (contiguous, of the storage's dtype and
+# shape), Python scalars and constants. For such calls ``run``'s general loop over the
+# schema's kinds, ``_describe`` and the checks of buckets cost more than the computation's
+# own call (3-5 us of an ``add``'s 13, benchmarks/dispatch.py). So each spec whose schema
+# allows it gets a function, generated from its schema when the op is registered, that
+# builds the same key with straight-line code for exactly that case, and returns
+# ``_MISS`` as soon as an argument is anything else (a view, a CPU or 0-dim-wrapped
+# operand, a bucketed or pending array, a tensor-valued Scalar, a device mismatch), or the
+# key is not in the cache: ``run``'s general path then handles the call, errors
+# included, as before. Both paths make the same key for a call both handle, so they share
+# the cache. Ops planned with buckets, ops that write several arguments or draw random
+# numbers, and ops with tensor or scalar lists have no fast path.
+
+_MISS = object()
+
+
+def _fast_path(spec: OpSpec):
+    """The generated fast path of ``spec`` (NOTE [The fast path of a cache hit]), or None."""
+    if spec.bucket or spec.multi_write or spec.random or any(k in (TL, OTL, SL) for k in spec.kinds):
+        return None
+    if not any(k == T or k == OT for k in spec.kinds):
+        return None
+    n = len(spec.kinds)
+    lines = ["def fast(spec, args):", f"    {''.join(f'a{i}, ' for i in range(n))}= args"]
+    if spec.rows_rule is not None:
+        lines.append("    if _buckets.active: return _MISS")
+    lines += ['    fused = config.mode == "fused" and not config.launch_blocking', "    dyn = []", "    index = -1"]
+    for i, kind in enumerate(spec.kinds):
+        a = f"a{i}"
+        if kind == T or kind == OT:
+            body = [
+                f"c = {a}.__class__",
+                "if c is float or c is int or c is bool:",  # (a Python number where the schema says Tensor)
+                f"    dyn.append({a})",
+                f"    k{i} = ('s', c)",
+                f"elif c is not Tensor and not isinstance({a}, Tensor): return _MISS",
+                "else:",
+                f" try: b = {a}.untyped_storage()._box",
+                " except AttributeError:",  # (a CPU scalar, as PyTorch wraps a Python number: as _describe)
+                f"    if not {a}.is_cpu or {a}.dim() != 0: return _MISS",
+                f"    dyn.append(_np.array(_to_numpy({a}), copy=True))",
+                f"    k{i} = ('c', {a}.dtype)",
+                " else:",
+                "  x = b.arr",
+                "  if x.__class__ is not _Array and (x.__class__ is not _Pending or x.value is not None or not fused): "
+                "return _MISS",
+                "  shape = x.shape",
+                f"  if {a}.dtype is not b.dtype or shape != {a}.shape or {a}.is_conj() or {a}.is_neg() "
+                f"or not {a}.is_contiguous(): return _MISS",
+                "  if index < 0: index = b.index",
+                "  elif b.index != index: return _MISS",
+                "  dyn.append(x)",
+                f"  k{i} = (shape, {a}.dtype)",
+            ]
+            if kind == OT:
+                lines += [f"    if {a} is None: k{i} = None", "    else:"] + [f"        {line}" for line in body]
+            else:
+                lines += [f"    {line}" for line in body]
+        elif kind == S or kind == OS:
+            lines += [
+                f"    if {a} is None: k{i} = None",
+                f"    elif {a}.__class__ is not int and {a}.__class__ is not float and {a}.__class__ is not bool: "
+                "return _MISS",
+                f"    elif {a} is d{i} or ({a} == d{i} and {a}.__class__ is d{i}.__class__): k{i} = _DEFAULT",
+                "    else:",
+                f"        k{i} = {a}.__class__",
+                f"        dyn.append({a})",
+            ]
+        else:  # X
+            lines += [
+                f"    if {a}.__class__ is _Generator: return _MISS",
+                f"    k{i} = _freeze({a}) if {a}.__class__ is list else {a}",
+            ]
+    lines += [
+        "    if index < 0: return _MISS",
+        f"    entry = _cache.get(({''.join(f'k{i}, ' for i in range(n))}index))",
+        "    if entry is None or (not fused and _fused.pending): return _MISS",
+        '    _counters["ops"] += 1',
+        '    _counters["cache_hits"] += 1',
+        "    entry.used = True",
+        "    try:",
+        "        if fused: results = _fused.record(entry, dyn)",
+        "        elif entry.fn is None or _profiler.recording: results = entry.run(dyn)",
+        "        else: results = entry.fn(*dyn)",
+        "    except RuntimeError as e:",
+        "        raise _freed(spec, e) or e from None",
+        "    return entry.finish(args, results)",
+    ]
+    namespace = {
+        "_cache": spec.cache,
+        "_buckets": _buckets,
+        "_MISS": _MISS,
+        "config": config,
+        "Tensor": Tensor,
+        "_Array": _ArrayImpl,
+        "_Pending": _Pending,
+        "_Generator": _Generator,
+        "_freeze": _freeze,
+        "_DEFAULT": ("d",),
+        "_fused": _fused,
+        "_profiler": _profiler,
+        "_counters": _counters,
+        "_freed": _freed,
+        "_np": np,
+        "_to_numpy": _dtypes.tensor_to_numpy,
+        **{f"d{i}": d for i, d in enumerate(spec.defaults)},
+    }
+    exec(compile("\n".join(lines) + "\n", f"<torch_jax fast path {spec.op}>", "exec"), namespace)
+    return namespace["fast"]
+
+
 def run(spec: OpSpec, args):
     """Run one op call; ``args`` are the schema's arguments in order."""
+    fast = spec.fast
+    if fast is not None:  # NOTE [The fast path of a cache hit]
+        out = fast(spec, args)
+        if out is not _MISS:
+            return out
     key = []
     dyn = []
     index = -1
