@@ -130,3 +130,19 @@ def test_ratios_are_against_the_first_variant_and_device_peaks_get_a_table():
     report["results"]["w"]["cuda"].pop("device_peak_mb")
     report["results"]["w"]["fused"].pop("device_peak_mb")
     assert "Peak device memory" not in markdown(report)  # (no device measured it: a CPU run)
+
+
+def test_the_dispatch_benchmark_runs_and_splits_an_ops_time(tmp_path):
+    from benchmarks import dispatch
+
+    report = dispatch.main(["--calls", "50", "--rounds", "1", "--out", str(tmp_path)])
+    rows = {r["op"]: r for r in report["rows"]}
+    assert set(rows) == set(dispatch._cases())
+    for r in rows.values():
+        assert all(r[k] > 0 for k in ("cpu", "jax.jit", "strict", "fused"))
+    add = rows["add"]  # (one kernel call: its pieces measured alone)
+    assert all(add[k] > 0 for k in ("describe + lookup", "executable", "result"))
+    assert "dispatch" not in rows["mul_ (in place)"]  # (a write: not repeatable alone)
+    assert report["floor"] > 0 and report["median strict / jax.jit"] > 0
+    assert "| add |" in (tmp_path / "dispatch.md").read_text()
+    assert json.loads((tmp_path / "dispatch.json").read_text())["rows"][0]["op"] == "add"
