@@ -153,7 +153,8 @@ def _ragged_paged_attention(
         # (keys and values gathered apart: each gather writes a contiguous array, where slices
         # of one gathered block were copies of their own, a third of the op's time)
         k = kv_cache[block, :, :, :dim].astype(jnp.float32)  # (T, Hkv, BS, D)
-        v = jnp.where(seen[:, None, :, None], kv_cache[block, :, :, dim:].astype(jnp.float32), 0)  # (never-written slots)
+        v = kv_cache[block, :, :, dim:].astype(jnp.float32)
+        v = jnp.where(seen[:, None, :, None], v, 0)  # (never-written slots)
         s = jnp.einsum("thgd,thbd->thgb", q, k, precision=lax.Precision.HIGHEST)  # (T, Hkv, G, BS)
         return _online_softmax(carry, s, v[:, :, None], seen[:, None, None, :], soft_cap)
 
