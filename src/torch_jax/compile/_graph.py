@@ -437,7 +437,7 @@ class Program(OutputCode):
                     if a.dim() and pos in written:
                         raise Unsupported("a CPU tensor input that the graph updates")
                     key.append(("c", a.dtype, tuple(a.shape)))
-                    dyn.append(np.array(_dtypes.tensor_to_numpy(a), copy=True))
+                    dyn.append(_executor.host_copy(a))
                 elif isinstance(a, Tensor):
                     desc, index = _executor._describe(a, dyn, index, read_only=pos not in written)
                     key.append(desc)

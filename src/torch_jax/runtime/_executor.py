@@ -133,7 +133,7 @@ class OpSpec:
         functional = not inplace and not self.writes and self.returns == [None] and not lowering.random
         # NOTE [Padded rows] (runtime/_buckets)
         self.rows_rule = _buckets.rule_of(op) if functional or op in _buckets.RULES else None
-        self.fast = _fast_path(self)
+        self.fast = False  # (made at the first compile: NOTE [The fast path of a cache hit])
 
 
 _NO_DEFAULT = object()
@@ -157,6 +157,13 @@ def _device_mismatch(a: str, b: str) -> RuntimeError:
 _SLICES = "slices"
 
 
+def host_copy(t: Tensor) -> np.ndarray:
+    """The values of a CPU tensor an op or a graph reads, copied: the CPU tensor may change
+    before the computation reads it (JAX may alias host memory, and runs asynchronously;
+    fused eager runs the op later still)."""
+    return np.array(_dtypes.tensor_to_numpy(t), copy=True)
+
+
 def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = False):
     """The key of one tensor argument (appending its array, if any, to ``dyn``) and the
     device index it pins the op to. ``padded``: the op takes this argument in its bucket
@@ -169,9 +176,7 @@ def _describe(t, dyn: list, index: int, padded: bool = False, read_only: bool = 
     if t.is_cpu:
         if t.dim() != 0:
             raise _device_mismatch(f"jax:{max(index, 0)}", "cpu")
-        # a copy: the CPU tensor may change before the op reads it (JAX may alias host
-        # memory, and runs asynchronously; fused eager runs the op later still)
-        dyn.append(np.array(_dtypes.tensor_to_numpy(t), copy=True))
+        dyn.append(host_copy(t))
         return ("c", t.dtype), index
     try:
         box = t.untyped_storage()._box
@@ -263,13 +268,17 @@ def _key_contiguous(k) -> bool:
 # schema's kinds, ``_describe`` and the checks of buckets cost more than the computation's
 # own call (3-5 us of an ``add``'s 13, benchmarks/dispatch.py). So each spec whose schema
 # allows it gets a function, generated from its schema when the op is registered, that
-# builds the same key with straight-line code for exactly that case, and returns
-# ``_MISS`` as soon as an argument is anything else (a view, a CPU or 0-dim-wrapped
-# operand, a bucketed or pending array, a tensor-valued Scalar, a device mismatch), or the
-# key is not in the cache: ``run``'s general path then handles the call, errors
+# builds the same key with straight-line code for exactly that case (a Python number or a
+# 0-dim CPU tensor where the schema says Tensor included, as ``_describe`` takes them), and
+# returns ``_MISS`` as soon as an argument is anything else (a view, a CPU tensor of more
+# dims, a bucketed or pending array, a tensor-valued Scalar, a device mismatch; any
+# operand of an op over padded rows once an upload went into a bucket, NOTE [Padded
+# rows]), or the key is not in the cache: ``run``'s general path then handles the call, errors
 # included, as before. Both paths make the same key for a call both handle, so they share
 # the cache. Ops planned with buckets, ops that write several arguments or draw random
-# numbers, and ops with tensor or scalar lists have no fast path.
+# numbers, and ops with tensor or scalar lists have no fast path (None); an op's is made
+# at its first compile (False until then), not at start-up, where making all ~760 took
+# 0.2 s.
 
 _MISS = object()
 
@@ -298,7 +307,7 @@ def _fast_path(spec: OpSpec):
                 f" try: b = {a}.untyped_storage()._box",
                 " except AttributeError:",  # (a CPU scalar, as PyTorch wraps a Python number: as _describe)
                 f"    if not {a}.is_cpu or {a}.dim() != 0: return _MISS",
-                f"    dyn.append(_np.array(_to_numpy({a}), copy=True))",
+                f"    dyn.append(_host_copy({a}))",
                 f"    k{i} = ('c', {a}.dtype)",
                 " else:",
                 "  x = b.arr",
@@ -361,8 +370,7 @@ def _fast_path(spec: OpSpec):
         "_profiler": _profiler,
         "_counters": _counters,
         "_freed": _freed,
-        "_np": np,
-        "_to_numpy": _dtypes.tensor_to_numpy,
+        "_host_copy": host_copy,
         **{f"d{i}": d for i, d in enumerate(spec.defaults)},
     }
     exec(compile("\n".join(lines) + "\n", f"<torch_jax fast path {spec.op}>", "exec"), namespace)
@@ -372,7 +380,7 @@ def _fast_path(spec: OpSpec):
 def run(spec: OpSpec, args):
     """Run one op call; ``args`` are the schema's arguments in order."""
     fast = spec.fast
-    if fast is not None:  # NOTE [The fast path of a cache hit]
+    if fast:  # NOTE [The fast path of a cache hit]
         out = fast(spec, args)
         if out is not _MISS:
             return out
@@ -466,6 +474,8 @@ def run(spec: OpSpec, args):
                 f"{e}); PyTorch's CPU kernel accepts them, so this is a torch_jax bug: please report it"
             ) from e
         _compile_cache.admit(spec.cache, key, entry, "op")
+        if spec.fast is False:
+            spec.fast = _fast_path(spec)
         _recompiles.note_op(spec, key)
         return entry.finish(args, results, length)
     _counters["cache_hits"] += 1
