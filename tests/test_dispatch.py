@@ -80,3 +80,12 @@ def test_calls_the_fast_path_declines_take_the_general_path():
         a + torch.randn(4, 4, dtype=torch.float32)  # a CPU operand of more than 0 dims
     p = torch.nn.Parameter(torch.randn(4, 4, device="jax"))
     torch.testing.assert_close((p * a).detach().cpu(), p.detach().cpu() * a.cpu())
+
+
+def test_an_override_applies_to_ops_whose_fast_path_was_made_before_it():
+    x = torch.tensor([-1.0, 2.0, 3.0], device="jax")
+    torch.relu(x), torch.relu(x)  # (compiled, then a hit of the fast path)
+    with torch_jax.override(torch.ops.aten.relu.default, lambda a: jnp.maximum(a, 0) * 2):
+        assert torch.relu(x).cpu().tolist() == [0.0, 4.0, 6.0]
+        assert torch.relu(x).cpu().tolist() == [0.0, 4.0, 6.0]  # (a hit, in the override's cache)
+    assert torch.relu(x).cpu().tolist() == [0.0, 2.0, 3.0]

@@ -342,7 +342,8 @@ def _fast_path(spec: OpSpec):
             ]
     lines += [
         "    if index < 0: return _MISS",
-        f"    entry = _cache.get(({''.join(f'k{i}, ' for i in range(n))}index))",
+        # (the spec's cache read at each call: torch_jax.override swaps it for the override's)
+        f"    entry = spec.cache.get(({''.join(f'k{i}, ' for i in range(n))}index))",
         "    if entry is None or (not fused and _fused.pending): return _MISS",
         '    _counters["ops"] += 1',
         '    _counters["cache_hits"] += 1',
@@ -356,7 +357,6 @@ def _fast_path(spec: OpSpec):
         "    return entry.finish(args, results)",
     ]
     namespace = {
-        "_cache": spec.cache,
         "_buckets": _buckets,
         "_MISS": _MISS,
         "config": config,
