@@ -5,9 +5,13 @@ both ops in one torch.compile graph, compiled once."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
@@ -147,6 +151,36 @@ def test_attention_in_bfloat16():
     assert got.dtype == torch.bfloat16
     # (computed in float32 and rounded once: within bfloat16's half ulp of the exact result)
     torch.testing.assert_close(got.cpu().double(), expected, atol=1e-3, rtol=2**-8)
+
+
+@pytest.mark.parametrize("name, kwargs, window, cap", CASES, ids=[c[0] for c in CASES])
+def test_the_jnp_version_matches_dense_attention_in_float32(name, kwargs, window, cap):
+    """The version other platforms run (and the CPU with config.cpu_attention off): on
+    the CPU the op above runs the C++ kernel (NOTE [Paged attention on XLA:CPU])."""
+    batch = _batch(**kwargs)
+    scale = 1.0 if cap else 1 / math.sqrt(batch.query.shape[-1])
+    cpu = [batch.query, batch.cache, batch.starts, batch.lens, batch.table]
+    expected = _reference(*cpu, scale, window, cap)
+    cpu_error = (_reference(*cpu, scale, window, cap, dtype=torch.float32) - expected).abs().max()
+    run = jax.jit(functools.partial(_paged._attention_jnp, scale=scale, sliding_window=window, soft_cap=cap))
+    got = run(*[jnp.asarray(t.numpy()) for t in cpu], jnp.int32(len(batch.lens)))
+    error = (torch.from_numpy(np.array(got)).double() - expected).abs().max()
+    assert error <= 2 * cpu_error, f"{error:.3g} against the CPU's float32 {cpu_error:.3g}"
+
+
+def test_the_cpu_kernel_is_built_and_runs():
+    # (so that the tests above hold the kernel, not the jnp version twice, to the reference)
+    assert _paged._handlers.load(), _paged._handlers.status
+    batch = _batch("pcd", seed=16)
+    args = [jnp.asarray(t.numpy()) for t in (batch.query, batch.cache, batch.starts, batch.lens, batch.table)]
+    text = jax.jit(lambda *a: _paged._ragged_paged_attention(*a, 0.25)).lower(*args).as_text()
+    assert "tj_paged_attention_f32" in text
+
+
+def test_a_cache_that_does_not_fit_the_queries_is_refused():
+    batch = _batch("pd", q_heads=6, kv_heads=4, seed=17)
+    with pytest.raises(Exception, match="does not fit queries"):
+        attention(*batch.args("jax"), 0.25)
 
 
 def _kv_shape(batch):

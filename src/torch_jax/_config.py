@@ -78,6 +78,10 @@ class Config:
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through
         PyTorch's BLAS] in runtime/_cpu_blas); read when a graph is compiled.
+    cpu_attention: on XLA:CPU, ragged paged attention (vLLM's, ``torch.ops.torch_jax.
+        ragged_paged_attention``) over a float32 cache runs as a C++ kernel that reads each
+        cached key and value where it lies; 0 runs the jnp version that other platforms run
+        (NOTE [Paged attention on XLA:CPU] in kernels/_paged); read when it is compiled.
     route_inductor: ``torch.compile`` with the default backend (Inductor) sends the graphs
         that hold jax tensors to the ``jax`` backend (NOTE [The default torch.compile on
         jax] in compile/_route); 0 leaves them to Inductor.
@@ -101,6 +105,7 @@ class Config:
     fused_max_ops: int = dataclasses.field(default_factory=lambda: _env_int("FUSED_MAX_OPS", 2000))
     bucketing: str = dataclasses.field(default_factory=lambda: _env_str("BUCKETING", "auto", _BUCKETING))
     cpu_blas: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_BLAS", int(_intel_cpu())) != 0)
+    cpu_attention: bool = dataclasses.field(default_factory=lambda: _env_int("CPU_ATTENTION", 1) != 0)
     route_inductor: bool = dataclasses.field(default_factory=lambda: _env_int("ROUTE_INDUCTOR", 1) != 0)
     compilation_cache: bool = dataclasses.field(default_factory=lambda: _env_int("COMPILATION_CACHE", 1) != 0)
     census: bool = dataclasses.field(default_factory=lambda: _env_int("CENSUS", 0) != 0)

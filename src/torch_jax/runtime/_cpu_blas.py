@@ -85,11 +85,14 @@ def status() -> str:
     return _handlers.status
 
 
-def build(source: Path, targets) -> ctypes.CDLL:
-    """Compile an FFI source of csrc/ (once, into the cache directory), load it and
-    register its handlers ``targets`` (symbol names) with XLA:CPU under those names."""
+def build(source: Path, targets, flags=("-O2",)) -> ctypes.CDLL:
+    """Compile an FFI source of csrc/ (once, into the cache directory; with compiler
+    ``flags``), load it and register its handlers ``targets`` (symbol names) with XLA:CPU
+    under those names. The source may include the headers beside it."""
     include = jax.ffi.include_dir()
-    key = hashlib.sha256(source.read_bytes() + jaxlib.__version__.encode() + include.encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    signature = source.read_bytes() + headers + " ".join(flags).encode() + jaxlib.__version__.encode() + include.encode()
+    key = hashlib.sha256(signature).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if not out.exists():
         compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -99,7 +102,8 @@ def build(source: Path, targets) -> ctypes.CDLL:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # (built aside, renamed: processes may race)
         os.close(fd)
         try:
-            cmd = [compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", f"-I{include}", str(source), "-o", tmp]
+            cmd = [compiler, "-std=c++17", *flags, "-shared", "-fPIC", "-w", f"-I{include}", f"-I{source.parent}"]
+            cmd += [str(source), "-o", tmp]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 raise RuntimeError(f"building {source.name} failed: {done.stderr.strip()[-500:]}")

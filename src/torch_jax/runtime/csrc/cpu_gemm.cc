@@ -3,11 +3,9 @@
 // The BLAS routines are Fortran's sgemm_/dgemm_ (LP64, column-major); their addresses
 // are handed in by tj_set_blas before the first call.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
-#include <thread>
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -43,9 +41,7 @@ constexpr int kMinBlock = 32;
 // made each XLA thread the master of an OpenMP team of its own, and from then on PyTorch's
 // own CPU ops in the same process ran ~1.6x slower (its MLP step 2.6 -> 4.3 ms, measured;
 // libgomp likely throttles its spin-waiting once it manages more threads than cores).
-// Blocks are claimed from a counter by the calling thread and by the tasks it schedules,
-// so the caller never waits for a block that no thread has started (no deadlock when
-// every pool thread is inside a product).
+// The blocks are shared out by tj::ParallelFor (parallel_for.h).
 template <typename T>
 static void GemmBlocks(gemm_fn<T> gemm, ffi::ThreadPool pool, const T* a, const T* b, T* c, int m, int n, int k,
                        bool trans_a, bool trans_b) {
@@ -71,23 +67,7 @@ static void GemmBlocks(gemm_fn<T> gemm, ffi::ThreadPool pool, const T* a, const 
     }
     set_local_threads(previous);
   };
-  if (blocks == 1) {
-    run(0);
-    return;
-  }
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto state = std::make_shared<State>();
-  auto work = [state, run, blocks] {
-    for (int64_t i; (i = state->next.fetch_add(1)) < blocks;) {
-      run(i);
-      state->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 1; t < blocks; ++t) pool.Schedule([work] { work(); });
-  work();
-  while (state->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+  tj::ParallelFor(pool, blocks, blocks, run);
 }
 
 template <typename T, ffi::DataType D>
