@@ -21,6 +21,13 @@ tensor, storage and box). ``autograd``: what
 ``requires_grad`` operands add to ``add`` (the graph node PyTorch records). ``floor``:
 PyTorch's dispatch to a Python kernel that returns its argument, the least any op of a
 Python backend pays.
+
+A ``torch.compile`` graph's call (issue 50's item 5), for ``add``: the compiled function
+on jax (backend ``jax``), torch_jax's graph program called alone on the same tensors
+(compile/_graph's ``Program``: argument handling, the executable, the results), and
+the same ``add`` compiled with backend ``aot_eager`` on the CPU, less the CPU op: what
+Dynamo's guards and frame and AOTAutograd's runtime wrapper cost any backend, the floor
+of a compiled call.
 """
 
 from __future__ import annotations
@@ -193,6 +200,7 @@ def _run(calls: int, rounds: int) -> dict:
         print(f"{name}: strict {row['strict']:.1f} us ({row['strict / jax.jit']:.2f}x jax.jit), "
               f"fused {row['fused']:.1f} us ({row['fused / cpu']:.2f}x cpu)", flush=True)  # fmt: skip
     extra = _extras(calls, rounds)
+    extra["compiled"] = _compiled(calls, rounds)
     return {
         "machine": machine(),
         "calls": calls,
@@ -243,6 +251,39 @@ def _extras(calls: int, rounds: int) -> dict:
     return {"floor": best["floor"], "autograd": max(best["add with grad"] - best["add"], 0.0)}
 
 
+def _compiled(calls: int, rounds: int) -> dict:
+    """A compiled ``add``'s call and its pieces (module docstring), in microseconds."""
+    from torch_jax.compile import _graph
+
+    a, b = torch.randn(16, device="jax"), torch.randn(16, device="jax")
+    ca, cb = a.cpu(), b.cpu()
+    on_jax = torch.compile(lambda x, y: x + y, backend="jax", dynamic=False)
+    on_cpu = torch.compile(lambda x, y: x + y, backend="aot_eager", dynamic=False)
+    programs, call = [], _graph.Program.__call__
+
+    def spy(self, *args):
+        programs.append(self)
+        return call(self, *args)
+
+    _graph.Program.__call__ = spy
+    try:
+        on_jax(a, b)
+    finally:
+        _graph.Program.__call__ = call
+    arrays = (jnp.asarray(ca.numpy()), jnp.asarray(cb.numpy()))
+    variants = {
+        "jax.jit": functools.partial(_jit_loop, jax.jit(lambda x, y: x + y), arrays, calls),
+        "compiled on jax": functools.partial(_loop, on_jax, (a, b), calls),
+        "graph program": functools.partial(_loop, programs[0], (a, b), calls),
+        "aot_eager on cpu": functools.partial(_loop, on_cpu, (ca, cb), calls),
+        "cpu": functools.partial(_loop, torch.add, (ca, cb), calls),
+    }
+    best = _interleaved(variants, rounds)
+    best["dynamo + aot"] = max(best["aot_eager on cpu"] - best["cpu"], 0.0)
+    best["compiled / jax.jit"] = best["compiled on jax"] / best["jax.jit"]
+    return best
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
@@ -276,6 +317,17 @@ def markdown(report: dict) -> str:
         "to `add` (autograd's node).",
         "",
     ]
+    c = report.get("compiled")
+    if c:
+        lines += [
+            f"A `torch.compile` graph's call (`add`, backend `jax`): {c['compiled on jax']:.1f} us, "
+            f"{c['compiled / jax.jit']:.1f}x `jax.jit`'s {c['jax.jit']:.1f} us. Of it, torch_jax's graph program "
+            f"called alone: {c['graph program']:.1f} us. The same `add` compiled with backend `aot_eager` on the "
+            f"CPU takes {c['aot_eager on cpu']:.1f} us against the CPU op's {c['cpu']:.2f}: Dynamo's guards and "
+            f"frame and AOTAutograd's wrapper cost any backend {c['dynamo + aot']:.1f} us a call, the floor of a "
+            "compiled call.",
+            "",
+        ]
     return "\n".join(lines)
 
 
