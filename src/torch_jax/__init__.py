@@ -22,7 +22,7 @@ from torch_jax._warnings import (  # noqa: E402
     RegistrationWarning,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.9.0"  # (CHANGELOG.md says what each version brought)
 
 try:  # NOTE [Autoload never breaks torch] (in _compat)
     from torch_jax import _compat
