@@ -472,7 +472,7 @@ import zlib  # noqa: E402
 
 from torch_jax.report import _sweep  # noqa: E402
 
-OPINFO_SHARE = 8  # one OpInfo in OPINFO_SHARE, fixed by a hash of its name (README: why)
+OPINFO_SHARE = 8  # one OpInfo in OPINFO_SHARE, fixed by a hash of its name (docs/testing.md: why)
 
 
 def _compiled_opinfos():

@@ -125,6 +125,27 @@ class Config:
 config = Config()
 
 
+# The environment variables torch_jax reads besides ``Config``'s (each ``TORCH_JAX_`` + a
+# field's name in capitals): name -> what it does. The manual's settings page is made from
+# these and ``Config``'s docstring (docs/_hooks.py), and a test checks that every
+# ``TORCH_JAX_*`` variable the package reads is one or the other.
+ENVIRONMENT = {
+    "TORCH_JAX_CACHE_DIR": "where torch_jax keeps what it builds for later processes: the C++ FFI handlers "
+    "(the BLAS call, paged attention, the fusion barrier), the persistent compilation cache (``xla/``) and "
+    "the doctor's evidence database; default ``$XDG_CACHE_HOME/torch_jax`` or ``~/.cache/torch_jax``.",
+    "TORCH_JAX_HOST_MEMORY": "``system``: on the CPU platform, leave glibc's malloc settings alone instead of "
+    "keeping freed buffers for reuse (NOTE [Host memory of the CPU device] in runtime/_host_memory).",
+    "TORCH_JAX_DIST_CHECK": "``0``: no comparison of the ranks' collectives before each one (NOTE [Mismatched "
+    "collectives] in distributed/_backend).",
+    "TORCH_JAX_VLLM": "``1``: vLLM uses the jax platform whatever hardware vLLM's own platforms find; ``0``: "
+    "never; unset: only where none of vLLM's platforms finds its hardware (docs/serving.md).",
+    "TORCH_JAX_EVIDENCE_DB": "the doctor's evidence database file; default ``evidence.sqlite`` in the cache "
+    "directory (docs/doctor.md).",
+    "TORCH_JAX_MODULES_SEED": "the seed of the ModuleInfo sweep's random sample inputs (``python -m "
+    "torch_jax.report``; default 0).",
+}
+
+
 def cache_dir():
     """Where torch_jax keeps what it builds for later processes (a pathlib.Path):
     ``$TORCH_JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_jax`` or ``~/.cache/torch_jax``."""

@@ -106,7 +106,9 @@ def _ragged_paged_attention(
     return out.astype(query.dtype)
 
 
-def _attention_jnp(query, kv_cache, query_start_loc, seq_lens, block_table, num_seqs, *, scale, sliding_window, soft_cap):
+def _attention_jnp(
+    query, kv_cache, query_start_loc, seq_lens, block_table, num_seqs, *, scale, sliding_window, soft_cap
+):
     """``_ragged_paged_attention`` in jnp (NOTE [Paged attention in jnp]), ``num_seqs`` an
     int32 scalar array."""
     tokens, q_heads, dim = query.shape
@@ -221,7 +223,8 @@ def _attention_jnp(query, kv_cache, query_start_loc, seq_lens, block_table, num_
 _KERNEL = Path(_cpu_blas.__file__).with_name("csrc") / "paged_attention.cc"
 _TARGET = "tj_paged_attention_f32"
 _handlers = _cpu_blas.Handlers(
-    lambda: _cpu_blas.build(_KERNEL, [_TARGET], flags=("-O3", "-fopenmp-simd", "-fno-math-errno")), "paged attention on the CPU runs in jnp"
+    lambda: _cpu_blas.build(_KERNEL, [_TARGET], flags=("-O3", "-fopenmp-simd", "-fno-math-errno")),
+    "paged attention on the CPU runs in jnp",
 )
 
 attention_p = core.Primitive("torch_jax_ragged_paged_attention")

@@ -272,7 +272,7 @@ def markdown(summary, results, meta) -> str:
         "",
         "## Known differences from the CPU",
         "",
-        "Listed in the README (its section *Known differences from the CPU*), each with whether it can be fixed.",
+        "Listed in the manual's page *Known differences from the CPU* (docs/known-differences.md), each with whether it can be fixed.",
     ]
     lines += [
         "",

@@ -91,7 +91,9 @@ def build(source: Path, targets, flags=("-O2",)) -> ctypes.CDLL:
     under those names. The source may include the headers beside it."""
     include = jax.ffi.include_dir()
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    signature = source.read_bytes() + headers + " ".join(flags).encode() + jaxlib.__version__.encode() + include.encode()
+    signature = (
+        source.read_bytes() + headers + " ".join(flags).encode() + jaxlib.__version__.encode() + include.encode()
+    )
     key = hashlib.sha256(signature).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if not out.exists():
