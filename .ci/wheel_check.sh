@@ -18,7 +18,7 @@ sdist=$(echo "$tmp"/dist/torch_jax-*.tar.gz)
 wheel=$(echo "$tmp"/dist/torch_jax-*.whl)
 # (the members' paths without the sdist's top folder, torch_jax-VERSION/)
 tar -tzf "$sdist" | sed 's|^[^/]*/||' >"$tmp/sdist.txt"
-for f in src/torch_jax/runtime/csrc/*.cc src/torch_jax/runtime/csrc/*.h LICENSE README.md; do
+for f in src/torch_jax/ffi/csrc/*.cc src/torch_jax/ffi/csrc/*.h LICENSE README.md; do
     grep -qxF "$f" "$tmp/sdist.txt" || { echo "wheel: the sdist $(basename "$sdist") lacks $f" >&2; exit 1; }
 done
 

@@ -104,7 +104,7 @@ def ffi_handlers() -> str:
             import json, torch
             import torch_jax
             from torch_jax.kernels import _paged
-            from torch_jax.runtime import _cpu_blas, _fusion_barrier
+            from torch_jax.ffi import _cpu_blas, _fusion_barrier
             print(json.dumps({
                 "fusion_barrier": _fusion_barrier.status(),
                 "paged": _paged._handlers.load(),
@@ -157,10 +157,10 @@ def package_data() -> str:
     schema = PACKAGE / "doctor" / "record.schema.json"
     _require(schema.is_file(), f"no {schema}")
     json.loads(schema.read_text())
-    present = sorted(p.name for p in (PACKAGE / "runtime" / "csrc").glob("*") if p.suffix in (".cc", ".h"))
+    present = sorted(p.name for p in (PACKAGE / "ffi" / "csrc").glob("*") if p.suffix in (".cc", ".h"))
     missing = sorted(set(CSRC) - set(present))
-    _require(not missing, f"runtime/csrc lacks {missing} (it holds {present})")
-    return f"doctor/record.schema.json, runtime/csrc/{{{','.join(present)}}}"
+    _require(not missing, f"ffi/csrc lacks {missing} (it holds {present})")
+    return f"doctor/record.schema.json, ffi/csrc/{{{','.join(present)}}}"
 
 
 CHECKS = [installed, autoload, eager_modes, ffi_handlers, console_script, compile_backend, package_data]

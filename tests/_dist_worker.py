@@ -625,7 +625,7 @@ def cpu_only(rank, size):
     t = torch.full((3,), float(rank + 1))
     dist.all_reduce(t)
     _same(t, torch.full((3,), float(sum(range(1, size + 1)))), "cpu all_reduce")
-    from torch_jax.device import _registration
+    from torch_jax import _registration
 
     assert not _registration.is_initialized() and "jax" not in sys.modules
 

@@ -133,8 +133,8 @@ def test_depthwise_sums_are_computed_once_in_a_graph():
     sum over taps runs in one fusion, not inside each reader's."""
     from jax import lax
 
+    from torch_jax.ffi import _fusion_barrier
     from torch_jax.ops import _conv
-    from torch_jax.runtime import _fusion_barrier
 
     _cpu_only()
     if not (shutil.which("c++") or shutil.which("g++")):

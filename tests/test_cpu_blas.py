@@ -1,5 +1,5 @@
 """2-D matrix products of fused graphs on XLA:CPU through PyTorch's BLAS (NOTE [Matrix
-products through PyTorch's BLAS] in runtime/_cpu_blas): the same results as PyTorch's CPU
+products through PyTorch's BLAS] in ffi/_cpu_blas): the same results as PyTorch's CPU
 kernels for every layout of the operands, the transposes folded into the BLAS call, XLA's
 dot where the BLAS does not apply, is turned off or outside fused graphs, and a working
 device when the handler cannot be built."""
@@ -22,7 +22,7 @@ import torch
 import torch_jax
 from conftest import config_as
 from torch_jax._config import _intel_cpu
-from torch_jax.runtime import _cpu_blas
+from torch_jax.ffi import _cpu_blas
 
 
 @pytest.fixture(autouse=True)
@@ -168,11 +168,11 @@ def test_where_xla_computes_the_product():
 
 
 def test_without_a_compiler_products_use_xla(tmp_path):
-    """And depthwise convolutions run without fusion barriers (runtime/_fusion_barrier)."""
+    """And depthwise convolutions run without fusion barriers (ffi/_fusion_barrier)."""
     script = textwrap.dedent(
         """
         import torch, torch_jax
-        from torch_jax.runtime import _cpu_blas, _fusion_barrier
+        from torch_jax.ffi import _cpu_blas, _fusion_barrier
         a, b = torch.randn(20, 30), torch.randn(30, 10)
         x, w = torch.randn(2, 4, 9, 9), torch.randn(4, 1, 3, 3)
         with torch_jax.fused():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torch_jax.runtime import _host_memory
+from torch_jax.device import _host_memory
 
 # a 96 MiB buffer, over what glibc serves from a thread's heap or below its mmap
 # threshold, made and freed ten times; the page faults of the cheapest later run
@@ -19,7 +19,7 @@ if os.environ.get("PROBE_JAX_FIRST"):  # the program starts JAX itself before th
     import jax.numpy as jnp
     jnp.ones(3).block_until_ready()
 import torch, torch_jax
-from torch_jax.runtime import _host_memory
+from torch_jax.device import _host_memory
 faults = []
 for _ in range(10):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -86,7 +86,7 @@ def test_vector_products_compute_their_vector_once(row):
     the product's loop for every output element; the values are the CPU's."""
     import shutil
 
-    from torch_jax.runtime import _fusion_barrier
+    from torch_jax.ffi import _fusion_barrier
 
     if jax.devices()[0].platform != "cpu":
         pytest.skip("XLA:CPU's fusion")

@@ -118,7 +118,7 @@ def test_a_seed_before_the_device_starts_is_kept_until_it_does():
 
     code = (
         "import torch\n"
-        "from torch_jax.device import _registration\n"
+        "from torch_jax import _registration\n"
         "from torch_jax.device import _module\n"
         "for s in range(10000):\n"  # (seeding often keeps what decides the seeds: two calls)
         "    torch.manual_seed(s); torch.jax.manual_seed(s)\n"

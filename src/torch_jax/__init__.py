@@ -27,7 +27,7 @@ __version__ = "0.9.0"  # (CHANGELOG.md says what each version brought)
 try:  # NOTE [Autoload never breaks torch] (in _compat)
     from torch_jax import _compat
     from torch_jax._config import Config, config
-    from torch_jax.device._registration import initialize, register
+    from torch_jax._registration import initialize, register
 
     _compat.warn_if_unsupported()
     register()

@@ -45,7 +45,7 @@ def cpuinfo(field: str) -> str | None:
 
 def _intel_cpu() -> bool:
     """Whether the CPU is Intel's: the default of ``cpu_blas`` (NOTE [Matrix products
-    through PyTorch's BLAS] in runtime/_cpu_blas)."""
+    through PyTorch's BLAS] in ffi/_cpu_blas)."""
     return cpuinfo("vendor_id") == "GenuineIntel"
 
 
@@ -77,7 +77,7 @@ class Config:
     cpu_blas: on XLA:CPU, the 2-D float32/float64 matrix products of fused graphs call the
         BLAS PyTorch's CPU build ships (MKL) instead of XLA's dot; by default only on an
         Intel CPU, where MKL is the faster of the two (NOTE [Matrix products through
-        PyTorch's BLAS] in runtime/_cpu_blas); read when a graph is compiled.
+        PyTorch's BLAS] in ffi/_cpu_blas); read when a graph is compiled.
     cpu_attention: on XLA:CPU, ragged paged attention (vLLM's, ``torch.ops.torch_jax.
         ragged_paged_attention``) over a float32 cache runs as a C++ kernel that reads each
         cached key and value where it lies; 0 runs the jnp version that other platforms run
@@ -134,7 +134,7 @@ ENVIRONMENT = {
     "(the BLAS call, paged attention, the fusion barrier), the persistent compilation cache (``xla/``) and "
     "the doctor's evidence database; default ``$XDG_CACHE_HOME/torch_jax`` or ``~/.cache/torch_jax``.",
     "TORCH_JAX_HOST_MEMORY": "``system``: on the CPU platform, leave glibc's malloc settings alone instead of "
-    "keeping freed buffers for reuse (NOTE [Host memory of the CPU device] in runtime/_host_memory).",
+    "keeping freed buffers for reuse (NOTE [Host memory of the CPU device] in device/_host_memory).",
     "TORCH_JAX_DIST_CHECK": "``0``: no comparison of the ranks' collectives before each one (NOTE [Mismatched "
     "collectives] in distributed/_backend).",
     "TORCH_JAX_VLLM": "``1``: vLLM uses the jax platform whatever hardware vLLM's own platforms find; ``0``: "

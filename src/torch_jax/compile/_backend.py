@@ -48,7 +48,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """``torch.compile(model, backend="jax")``."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_jax.device._registration import initialize
+    from torch_jax.device._start import start as initialize
 
     initialize()
     from torch._functorch.partitioners import min_cut_rematerialization_partition

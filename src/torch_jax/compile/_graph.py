@@ -71,10 +71,11 @@ from torch_jax._config import config
 from torch_jax._warnings import FallbackWarning
 from torch_jax.compile import _cache, _collectives, _rules
 from torch_jax.device import _state as _devices
+from torch_jax.ffi import _cpu_blas
 from torch_jax.ops import _context, _registry
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import LOWERINGS
-from torch_jax.runtime import _compile_cache, _cpu_blas, _executor, _fused, _profiler, _recompiles, _stats
+from torch_jax.runtime import _compile_cache, _executor, _fused, _profiler, _recompiles, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 _counters = _stats.counters
@@ -367,7 +368,7 @@ class Program(OutputCode):
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        from torch_jax.device._registration import initialize
+        from torch_jax.device._start import start as initialize
 
         initialize()  # (the persistent cache, and the device the graph's values are on)
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())

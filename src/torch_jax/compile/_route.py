@@ -13,7 +13,7 @@ usual and otherwise not used. The first routed graph says so once
 leaves every graph to Inductor.
 
 Installed when the device registers, without importing Dynamo or Inductor (NOTE [Cheap
-autoload] in device/_registration).
+autoload] in _registration).
 
 NOTE [Dynamo skips the runtime]: while a compiled function runs, Dynamo's frame hook sees
 every Python frame it calls, and it traces any code outside its skip list: the eager

@@ -54,11 +54,16 @@ def _is_jax_device(device) -> bool:
         return False
 
 
-def install() -> None:
-    """Install everything this module describes (once; cheap: imports nothing)."""
-    global _installed
+_supported_dtypes = None  # () -> the dtypes of jax tensors (the tensor layer's, handed in by install)
+
+
+def install(supported_dtypes) -> None:
+    """Install everything this module describes (once; cheap: imports nothing);
+    ``supported_dtypes()``: the dtypes a jax tensor may have."""
+    global _installed, _supported_dtypes
     if _installed:
         return
+    _supported_dtypes = supported_dtypes
     _install_accelerator()
     torch.Stream = Stream
     torch.Event = Event
@@ -75,9 +80,7 @@ def _no_host_cache() -> None:
 
 
 def _capability(index: int) -> dict:
-    from torch_jax.tensor import _dtypes
-
-    return {"supported_dtypes": set(_dtypes.TO_NP)}
+    return {"supported_dtypes": _supported_dtypes()}
 
 
 # each device's one stream, made once: Dynamo asks for the current stream at every call of

@@ -19,9 +19,9 @@ import torch
 
 
 def _state():
-    from torch_jax.device import _registration
+    from torch_jax.device import _start
 
-    _registration.initialize()
+    _start.start()
     from torch_jax.device import _state
 
     return _state
@@ -61,9 +61,9 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    from torch_jax.device import _registration
+    from torch_jax.device import _start
 
-    return _registration.is_initialized()
+    return _start.started()
 
 
 def init() -> None:
@@ -207,10 +207,10 @@ _pending_lock = threading.Lock()
 
 
 def _when_started(which: str, call) -> None:
-    from torch_jax.device import _registration
+    from torch_jax.device import _start
 
     with _pending_lock:
-        if not _registration.is_initialized():
+        if not _start.started():
             if which == "all":
                 _pending.clear()  # (every device's seed replaces what was kept)
             _pending[which] = call
@@ -293,9 +293,9 @@ def _memory_stats(idx: int) -> dict[str, Any]:
 
 
 def _usage(idx: int):
-    from torch_jax.tensor import _storage
+    from torch_jax.device import _memory
 
-    return _storage.usage(idx)
+    return _memory.usage(idx)
 
 
 def _allocated(idx: int, raw: dict) -> tuple[int, int]:
@@ -452,6 +452,6 @@ def empty_cache() -> None:
     """JAX frees device buffers when their arrays die; on XLA:CPU the heap's free pages
     go back to the system (NOTE [Host memory of the CPU device])."""
     if _state().device(0).platform == "cpu":
-        from torch_jax.runtime import _host_memory
+        from torch_jax.device import _host_memory
 
         _host_memory.trim()

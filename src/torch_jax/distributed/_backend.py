@@ -69,7 +69,7 @@ def start_runtime() -> None:
         return
     import jax
 
-    from torch_jax.runtime import _host_memory
+    from torch_jax.device import _host_memory
 
     # (JAX's preemption service takes SIGTERM, with which torchrun stops the other ranks
     # when one fails: the ranks would not stop; measured)
@@ -158,14 +158,14 @@ class JaxProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout):
         super().__init__(rank, size)
         global _world
-        from torch_jax.device import _registration
+        from torch_jax.device import _start
 
         self._store, self._rank, self._size, self._timeout = store, rank, size, timeout
         self._meshes = {}
         self._name = ""
         self._checks = 0
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
-        if _world is None and not _registration.is_initialized():
+        if _world is None and not _start.started():
             _world = (store, rank, size, timeout)  # (started with the device; else _mesh says why not)
 
     def getBackendName(self) -> str:

@@ -3,11 +3,11 @@
 lowering (NOTE [Overriding a lowering]), and tensors and JAX arrays each as the other
 (NOTE [Tensors and JAX arrays share buffers])."""
 
-from torch_jax.device._registration import initialize
+from torch_jax.device import _start
 
 # (the device's kernels are registered before any user op joins the lowering table: the
 # registration walks the table once, registering aten kernels)
-initialize()
+_start.start()
 
 from torch_jax.kernels._interop import call_jax, from_jax, to_jax  # noqa: E402
 from torch_jax.kernels._jax_op import infer_schema, jax_op  # noqa: E402

@@ -24,8 +24,8 @@ from jax.extend import core
 from jax.interpreters import mlir
 
 from torch_jax._config import config
+from torch_jax.ffi import _cpu_blas
 from torch_jax.kernels._jax_op import jax_op
-from torch_jax.runtime import _cpu_blas
 
 
 def _kv_cache_update(key, value, kv_cache, slot_mapping):
@@ -201,7 +201,7 @@ def _attention_jnp(
 # ~100 positions, 4 query and 2 key/value heads of 64, a 2-core Xeon): 1.5-2.1 ms a layer,
 # where reading the layer's cached keys and values once would take ~0.4 ms at this
 # machine's copy speed. So on XLA:CPU a float32 cache goes to an FFI handler
-# (``csrc/paged_attention.cc``, built as runtime/_cpu_blas builds its own) that reads each
+# (``csrc/paged_attention.cc``, built as ffi/_cpu_blas builds its own) that reads each
 # key and value once, where it lies in the cache: a work item is up to 16 consecutive query
 # tokens of one sequence and one key/value head, all of that head's query heads together,
 # and XLA's intra-op threads share the items out. Scores are computed exactly (two passes:

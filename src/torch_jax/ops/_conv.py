@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from torch_jax.ffi import _fusion_barrier
 from torch_jax.ops._matmul import _PRECISION
 from torch_jax.ops._promote import LOW_PRECISION as _LOW
 from torch_jax.ops._registry import aten, lower
-from torch_jax.runtime import _fusion_barrier
 
 _SPATIAL = "DHW"
 
@@ -95,7 +95,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 #   sum over the kernel's taps of the strided input slice times that tap's weight per
 #   channel, which XLA fuses into one loop, with its transpose written the same way
 #   (each sum ends in a fusion barrier, NOTE [Fusion barriers on XLA:CPU] in
-#   runtime/_fusion_barrier, or a fused graph recomputes it in each reader); its
+#   ffi/_fusion_barrier, or a fused graph recomputes it in each reader); its
 #   weight gradient is one reduction a tap (one small dense convolution a channel, the
 #   batch as features, took 3.2 against 40 ms alone for ConvNeXt's, but its hundreds of
 #   convolutions made the whole step no faster);

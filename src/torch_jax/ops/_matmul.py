@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from jax import lax
 
+from torch_jax.ffi import _cpu_blas, _fusion_barrier
 from torch_jax.ops._promote import cast, promote
 from torch_jax.ops._registry import aten, lower
-from torch_jax.runtime import _cpu_blas, _fusion_barrier
 
 _PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
 _LOW = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -52,7 +52,7 @@ def _vector_product_on_cpu(a, b):
     producers into it, so they run again for every output element. In a fused graph of
     GPT-2's greedy decoding the final LayerNorm (256 elements) ran 8192 times inside the
     tied LM head's product; with the vector behind a fusion barrier (NOTE [Fusion barriers
-    on XLA:CPU] in runtime/_fusion_barrier) it runs once, and the whole token's graph took
+    on XLA:CPU] in ffi/_fusion_barrier) it runs once, and the whole token's graph took
     0.66 against 1.09 ms when run alone. Larger products call a GEMM kernel, which reads
     computed operands."""
     if a.shape[0] == 1:

@@ -38,7 +38,8 @@ import os
 import jax
 
 from torch_jax._config import config
-from torch_jax.runtime import _host_memory, _stats
+from torch_jax.device import _host_memory
+from torch_jax.runtime import _stats
 
 _counters = _stats.counters
 _admitted: list = []  # (container, key, entry, kind) in admission order
@@ -197,7 +198,7 @@ def _give_back() -> None:
     """Return what the dropped entries held. JAX keeps per-jaxpr analyses (DCE, memory
     kinds, shardings) in caches of its own that outlive a compiled function, and glibc
     keeps freed memory in the heap's holes (NOTE [Host memory of the CPU device] in
-    runtime/_host_memory: no trimming below 2 GB), where a compilation's freed transient
+    device/_host_memory: no trimming below 2 GB), where a compilation's freed transient
     memory is kept too. (Entries hold no reference cycles, so no garbage collection is
     needed: one takes 0.1-0.2 s in a large process.)"""
     jax.clear_caches()

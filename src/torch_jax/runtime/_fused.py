@@ -43,7 +43,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
-from torch_jax.runtime import _compile_cache, _cpu_blas, _profiler, _recompiles, _stats, _xla_options
+from torch_jax.ffi import _cpu_blas
+from torch_jax.runtime import _compile_cache, _profiler, _recompiles, _stats, _xla_options
 from torch_jax.tensor._storage import Pending
 
 _counters = _stats.counters

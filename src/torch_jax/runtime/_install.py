@@ -261,6 +261,11 @@ def _backward_on_calling_thread() -> None:
     graph._engine_run_backward = torch.autograd._engine_run_backward = run_on_calling_thread
 
 
+def library() -> torch.library.Library:
+    """The library that holds the device's aten kernels (the layers above add theirs)."""
+    return _lib
+
+
 def install():
     """Import JAX, register all kernels; returns the CPU fallback kernel."""
     global _lib
@@ -302,11 +307,9 @@ def install():
             out = _out_variant(op)
             if out is not None and out not in LOWERINGS and out not in REGISTERED:
                 _register(out, _out_kernel(out, spec), "out")
-    from torch_jax import sparse
     from torch_jax.tensor import _nested
 
-    sparse.install(_lib)  # sparse COO and CSR layouts
-    _nested.install(_lib)  # strided nested tensors
+    _nested.install(_lib, _fallback._announce)  # strided nested tensors
     _backward_on_calling_thread()  # NOTE [Backward on jax:N]
     from torch_jax.runtime import _profiler
 

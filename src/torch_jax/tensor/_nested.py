@@ -234,8 +234,6 @@ def _is_device(x) -> bool:
 def _cpu_fallback(op):
     """Run ``op`` on CPU copies of its jax arguments (nested or dense); copy what it
     wrote back into the jax arguments and move its results to the jax device."""
-    from torch_jax.runtime._fallback import _announce  # (runtime imports tensor, not the reverse)
-
     writes = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
     def kernel(*args, **kwargs):
@@ -282,8 +280,15 @@ def _flat(args, kwargs):
     return out
 
 
-def install(lib) -> None:
-    """Register the strided nested tensor kernels (NestedTensorPrivateUse1) into ``lib``."""
+_announce = None  # the runtime's CPU-fallback announcement (warns once, counts), handed in by install
+
+
+def install(lib, announce) -> None:
+    """Register the strided nested tensor kernels (NestedTensorPrivateUse1) into ``lib``;
+    ``announce(op)`` reports an op run through the CPU fallback (runtime/_fallback's: the
+    runtime sits above this layer)."""
+    global _announce
+    _announce = announce
     for name in nested_cpu_ops():
         op = _overload(name)
         kernel = _redispatch(op) if name in _REDISPATCH else _cpu_fallback(op)

@@ -171,7 +171,7 @@ class JaxPlatform(Platform):
 
 def _on_host() -> bool:
     """Whether jax's device is XLA:CPU (told without starting JAX)."""
-    from torch_jax.runtime import _host_memory
+    from torch_jax.device import _host_memory
 
     return _host_memory.platform() == "cpu"
 

@@ -15,7 +15,7 @@ did, but made the strict step slower (35-50 ms).
 ``barrier(x)`` is an XLA custom call whose handler does nothing: its result aliases its
 operand, so XLA writes x once into that buffer and every reader reads it. The handler
 (``csrc/fusion_barrier.cc``) is built and loaded like the BLAS handler
-(runtime/_cpu_blas); without it (no C++ compiler) ``barrier`` returns x. Only for values
+(ffi/_cpu_blas); without it (no C++ compiler) ``barrier`` returns x. Only for values
 computed on XLA:CPU: callers use it in a ``lax.platform_dependent`` CPU branch.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import jax
 
-from torch_jax.runtime import _cpu_blas
+from torch_jax.ffi import _cpu_blas
 
 _SOURCE = Path(__file__).with_name("csrc") / "fusion_barrier.cc"
 _TARGET = "tj_fusion_barrier"

@@ -1,4 +1,4 @@
-// An XLA FFI handler that does nothing: the fusion barrier of runtime/_fusion_barrier.py
+// An XLA FFI handler that does nothing: the fusion barrier of ffi/_fusion_barrier.py
 // (NOTE [Fusion barriers on XLA:CPU] there). Its result aliases its operand, so XLA
 // computes the operand once into the buffer that every reader then reads; the copy below
 // runs only if XLA ever hands it two buffers.

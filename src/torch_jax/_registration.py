@@ -1,4 +1,5 @@
-"""Registers PyTorch's PrivateUse1 backend as the ``jax`` device.
+"""Registers PyTorch's PrivateUse1 backend as the ``jax`` device, and starts it: the one
+place that installs every layer (NOTE [One place installs the layers] in device/_start).
 
 NOTE [Cheap autoload]: PyTorch imports this on every ``import torch`` (through the
 ``torch.backends`` entry point), so nothing here may import JAX or build the
@@ -14,6 +15,8 @@ import sys
 import threading
 
 import torch
+
+from torch_jax.device import _start
 
 NAME = "jax"
 
@@ -77,7 +80,7 @@ def register() -> None:
         _libs.append(fallback)
         _patch_untyped_storage()
         _patches.install()
-        _accelerator.install()  # torch.accelerator, Stream/Event, pinning, Generator
+        _accelerator.install(_supported_dtypes)  # torch.accelerator, Stream/Event, pinning, Generator
         from torch_jax.compile import _route
 
         _route.install()  # NOTE [The default torch.compile on jax]
@@ -85,6 +88,13 @@ def register() -> None:
 
         distributed.install()  # NOTE [The jax process group] in distributed/_backend
         _registered = True
+
+
+def _supported_dtypes() -> set:
+    """The dtypes tensors on jax may have (``torch.accelerator.get_device_capability``)."""
+    from torch_jax.tensor import _dtypes
+
+    return set(_dtypes.TO_NP)
 
 
 def _patch_untyped_storage() -> None:
@@ -116,7 +126,7 @@ def initialize() -> None:
         if _initialized:
             return
         from torch_jax._config import share_gpu_memory
-        from torch_jax.runtime import _host_memory
+        from torch_jax.device import _host_memory
 
         share_gpu_memory()  # NOTE [GPU memory beside PyTorch]
         _host_memory.keep_freed_blocks(_host_memory.platform())  # NOTE [Host memory of the CPU device]
@@ -128,9 +138,11 @@ def initialize() -> None:
             from torch_jax.distributed import _backend
 
             _backend.start_runtime()
+        from torch_jax import sparse
         from torch_jax.runtime import _install
 
         _fallback_kernel = _install.install()
+        sparse.install(_install.library())  # sparse COO and CSR layouts
         from torch_jax.compile import _cache
 
         _cache.enable()  # NOTE [Persistent compilation cache]
@@ -142,3 +154,6 @@ def initialize() -> None:
 
 def is_initialized() -> bool:
     return _initialized
+
+
+_start.hand_in(initialize, is_initialized)

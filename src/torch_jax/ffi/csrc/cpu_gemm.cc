@@ -1,5 +1,5 @@
 // XLA FFI handlers for 2-D matrix products on the CPU through the BLAS that PyTorch's
-// CPU build ships (NOTE [Matrix products through PyTorch's BLAS] in runtime/_cpu_blas.py).
+// CPU build ships (NOTE [Matrix products through PyTorch's BLAS] in ffi/_cpu_blas.py).
 // The BLAS routines are Fortran's sgemm_/dgemm_ (LP64, column-major); their addresses
 // are handed in by tj_set_blas before the first call.
 #include <algorithm>

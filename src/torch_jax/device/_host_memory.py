@@ -93,7 +93,7 @@ def keep_freed_blocks(platform: str) -> bool:
             print(
                 "[torch_jax] JAX started before the jax device: large buffers that XLA's worker "
                 "threads allocate are not kept for reuse (NOTE [Host memory of the CPU device] in "
-                "torch_jax/runtime/_host_memory)"
+                "torch_jax/device/_host_memory)"
             )
     return applied
 
