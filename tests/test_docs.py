@@ -70,18 +70,23 @@ def test_snippets_not_run_are_few_and_say_why():
     assert len(skipped) < ran  # (most run: a page of fragments would say little a test checks)
 
 
+def _settings() -> dict:
+    """The settings page's contents (docs/_hooks.py reads them from _config.py's source)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import _hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    return _hooks.settings()
+
+
 def test_the_readme_is_a_landing_page():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_LINES, f"README.md has {lines} lines: the manual (docs/) is the place for the rest"
 
 
 def test_every_environment_variable_the_package_reads_is_on_the_settings_page():
-    sys.path.insert(0, str(ROOT / "docs"))
-    try:
-        import _hooks
-    finally:
-        sys.path.remove(str(ROOT / "docs"))
-    settings = _hooks.settings()
+    settings = _settings()
     documented = {variable for _, variable, _, _ in settings["fields"]} | set(settings["environment"])
     read = set()
     for path in (ROOT / "src" / "torch_jax").rglob("*.py"):
@@ -91,6 +96,22 @@ def test_every_environment_variable_the_package_reads_is_on_the_settings_page():
     assert all(text for _, _, _, text in settings["fields"]), (
         "a config field without its paragraph in Config's docstring"
     )
+
+
+def test_every_variable_the_docs_name_exists():
+    """A TORCH_JAX_* variable named in the README or the manual is read by the package (so
+    it is on the settings page) or by the test suite (its switches, docs/testing.md)."""
+    settings = _settings()
+    known = {variable for _, variable, _, _ in settings["fields"]} | set(settings["environment"])
+    pattern = r"TORCH_JAX_[A-Z0-9_]*[A-Z0-9]"
+    for path in (ROOT / "tests").glob("*.py"):
+        known |= set(re.findall(pattern, path.read_text()))
+    named = {}
+    for page in _pages():
+        for variable in re.findall(pattern, page.read_text()):
+            named.setdefault(variable, page.relative_to(ROOT))
+    unknown = {v: str(page) for v, page in named.items() if v not in known}
+    assert not unknown, f"variables the docs name that nothing reads: {unknown}"
 
 
 @pytest.fixture(scope="module")
