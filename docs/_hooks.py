@@ -23,7 +23,6 @@ def settings() -> dict:
     """{"fields": [(name, variable, default, description)], "environment": {variable: text}}
     from _config.py's source."""
     tree = ast.parse(CONFIG.read_text())
-    source = CONFIG.read_text()
     config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
     doc = ast.get_docstring(config)
     paragraphs = {}
@@ -42,8 +41,8 @@ def settings() -> dict:
         variable = "TORCH_JAX_" + ast.literal_eval(call.args[0])
         try:
             default = f"`{ast.literal_eval(call.args[1])}`"
-        except ValueError:  # (computed where the program runs)
-            default = f"`{ast.get_source_segment(source, call.args[1])}`"
+        except ValueError:  # (computed where the program runs: the description says how)
+            default = "the machine's (see what it does)"
         fields.append((name, variable, default, paragraphs.get(name, "")))
     environment = next(
         ast.literal_eval(n.value)
