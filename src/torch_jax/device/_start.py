@@ -22,8 +22,10 @@ def hand_in(start, started) -> None:
 
 def start() -> None:
     """Start the device (once; cheap after)."""
+    if _start is None:  # (torch_jax/_registration did not import: its RegistrationWarning says why)
+        raise RuntimeError("torch_jax: the jax device is not registered; see the RegistrationWarning")
     _start()
 
 
 def started() -> bool:
-    return _started()
+    return _started is not None and _started()
