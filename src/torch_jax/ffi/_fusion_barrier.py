@@ -21,15 +21,13 @@ computed on XLA:CPU: callers use it in a ``lax.platform_dependent`` CPU branch.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 
-from torch_jax.ffi import _cpu_blas
+from torch_jax.ffi import _build
 
-_SOURCE = Path(__file__).with_name("csrc") / "fusion_barrier.cc"
+_SOURCE = _build.CSRC / "fusion_barrier.cc"
 _TARGET = "tj_fusion_barrier"
-_handlers = _cpu_blas.Handlers(lambda: _cpu_blas.build(_SOURCE, [_TARGET]), "no fusion barriers on the CPU")
+_handlers = _build.Handlers(lambda: _build.build(_SOURCE, [_TARGET]), "no fusion barriers on the CPU")
 
 
 def status() -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from jax.extend import core
 from jax.interpreters import mlir
 
 from torch_jax._config import config
-from torch_jax.ffi import _cpu_blas
+from torch_jax.ffi import _build
 from torch_jax.kernels._jax_op import jax_op
 
 
@@ -201,7 +200,7 @@ def _attention_jnp(
 # ~100 positions, 4 query and 2 key/value heads of 64, a 2-core Xeon): 1.5-2.1 ms a layer,
 # where reading the layer's cached keys and values once would take ~0.4 ms at this
 # machine's copy speed. So on XLA:CPU a float32 cache goes to an FFI handler
-# (``csrc/paged_attention.cc``, built as ffi/_cpu_blas builds its own) that reads each
+# (``csrc/paged_attention.cc``, built by ffi/_build as the other handlers are) that reads each
 # key and value once, where it lies in the cache: a work item is up to 16 consecutive query
 # tokens of one sequence and one key/value head, all of that head's query heads together,
 # and XLA's intra-op threads share the items out. Scores are computed exactly (two passes:
@@ -220,10 +219,10 @@ def _attention_jnp(
 # average 0.99x that of the same attention in PyTorch's float32 (jnp's: 1.05x), at most
 # 2.0x (as jnp's, on the same batch).
 
-_KERNEL = Path(_cpu_blas.__file__).with_name("csrc") / "paged_attention.cc"
+_KERNEL = _build.CSRC / "paged_attention.cc"
 _TARGET = "tj_paged_attention_f32"
-_handlers = _cpu_blas.Handlers(
-    lambda: _cpu_blas.build(_KERNEL, [_TARGET], flags=("-O3", "-fopenmp-simd", "-fno-math-errno")),
+_handlers = _build.Handlers(
+    lambda: _build.build(_KERNEL, [_TARGET], flags=("-O3", "-fopenmp-simd", "-fno-math-errno")),
     "paged attention on the CPU runs in jnp",
 )
 
