@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _browser import needs_chromium, screenshot
 
 ROOT = Path(__file__).resolve().parents[1]
 README_LINES = 250
@@ -134,34 +135,14 @@ def test_the_manual_builds_without_warnings(site):
     assert 'id="torch_jax.jax_op"' in api and 'id="torch_jax.device._module.synchronize"' in api
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="needs headless Chromium (Debian's `chromium` package) on PATH")
+@needs_chromium
 def test_the_home_page_draws_in_a_browser(site, tmp_path):
     """Not blank: the theme's header bar, its navigation and text drawn (a page whose CSS
     or assets went missing draws black text on white only)."""
     done, out = site
     assert done.returncode == 0, done.stderr[-3000:]
-    png = tmp_path / "home.png"
-    command = [
-        _chromium(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        f"--screenshot={png}",
-        "--window-size=1200,900",
-        (out / "index.html").as_uri(),
-    ]
-    shot = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert png.exists(), f"no screenshot (exit {shot.returncode}): {shot.stderr[-2000:]}"
-    Image = pytest.importorskip("PIL.Image")
-    with Image.open(png) as im:
-        pixels = im.convert("RGB")
-        counts = {rgb: n for n, rgb in pixels.getcolors(maxcolors=1 << 24)}
-        header = pixels.getpixel((600, 20))
+    pixels, counts = screenshot(out / "index.html", tmp_path / "home.png", 1200, 900)
+    header = pixels.getpixel((600, 20))
     total = 1200 * 900
     assert len(counts) > 50 and total - counts.get((255, 255, 255), 0) > total // 20
     # mkdocs-material's default primary colour (indigo) fills the header bar

@@ -5,13 +5,12 @@ to a screenshot of the page in headless Chromium."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
-import subprocess
 
 import jsonschema
 import pytest
 
+from _browser import needs_chromium, screenshot
 from doctor_records import failed_record, run_of, sample_record, schema
 from torch_jax.doctor import _html, _store, _summary
 
@@ -387,37 +386,17 @@ def test_write(tmp_path):
     assert path.read_text(encoding="utf-8") == _html.render(sample_record())
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def _rgb(color: str) -> tuple[int, int, int]:
     return tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))
 
 
-@pytest.mark.skipif(_chromium() is None, reason="needs headless Chromium (Debian's `chromium` package) on PATH")
+@needs_chromium
 def test_page_renders_in_a_browser(tmp_path):
     """The page as a browser draws it: not blank, and the charts' bars are there in each
     run's colour (SVG that a browser rejects draws nothing)."""
-    page, png = tmp_path / "record.html", tmp_path / "shot.png"
+    page = tmp_path / "record.html"
     _html.write(sample_record(), page)
-    command = [
-        _chromium(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        f"--screenshot={png}",
-        "--window-size=1200,2400",
-        page.as_uri(),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert png.exists(), f"no screenshot (exit {done.returncode}): {done.stderr[-2000:]}"
-    Image = pytest.importorskip("PIL.Image")
-    with Image.open(png) as im:
-        pixels = im.convert("RGB")
-        assert pixels.size == (1200, 2400)
-        counts = {rgb: n for n, rgb in pixels.getcolors(maxcolors=1 << 24)}
+    _, counts = screenshot(page, tmp_path / "shot.png", 1200, 2400)
     total = 1200 * 2400
     assert total - counts.get((255, 255, 255), 0) > total // 20  # over 5% of the page drawn
     assert len(counts) > 100  # text, tables and charts, not a flat page
