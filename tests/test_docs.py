@@ -50,7 +50,7 @@ def test_every_snippet_of_the_page_runs(page, tmp_path):
     """A page's snippets run in order in one fresh process (a later one may use what an
     earlier one defined, as a reader would), in an empty folder, the fallback an error."""
     run, _ = _snippets(page)
-    program = ["import sys"]
+    program = []
     for line, code in run:
         program += [
             f"print('@snippet {page.name}:{line}', flush=True)",
