@@ -121,6 +121,70 @@ def test_non_blocking_transfers():
     assert torch.equal(back, c)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_copies_to_the_host_without_blocking_wait_for_an_event(dtype):
+    # NOTE [Copies to the host without blocking]: queued on the device, written by the
+    # synchronize of an event recorded after them
+    from torch_jax.device import _state
+
+    c = sample(dtype, (4, 6))
+    j = c.to("jax")
+    back = j.t().to("cpu", non_blocking=True)
+    assert back.stride() == (1, 6) and back.shape == (6, 4)  # (the transposed layout kept, as on CUDA)
+    assert any(copy.dst is back for copy in _state.host_copies[0])
+    event = torch.Event(device="jax")
+    event.record()
+    event.synchronize()
+    assert torch.equal(back, c.t()) and 0 not in _state.host_copies
+
+
+def test_copy_into_a_host_tensor_without_blocking_converts_and_broadcasts():
+    j = torch.arange(6.0, device="jax").reshape(2, 3)
+    out = torch.full((4, 2, 3), -1, dtype=torch.int64)
+    assert out.copy_(j * 2, non_blocking=True) is out
+    as_half = (j + 0.5).to("cpu", torch.float16, non_blocking=True, memory_format=torch.contiguous_format)
+    torch.jax.synchronize()
+    assert torch.equal(out, (torch.arange(6.0).reshape(2, 3) * 2).long().expand(4, 2, 3))
+    assert as_half.dtype == torch.float16 and torch.equal(as_half, (torch.arange(6.0).reshape(2, 3) + 0.5).half())
+
+
+def test_a_blocking_transfer_finds_the_earlier_copies_written():
+    c = torch.randn(5)
+    j = c.to("jax")
+    with torch.inference_mode():  # (written after the inference mode it was made in: vLLM's case)
+        early = (j * 3).to("cpu", non_blocking=True)
+    total = j.sum().item()  # a stream's later copy to the host: the earlier ones are done
+    assert torch.equal(early, c * 3) and total == pytest.approx(c.sum().item(), rel=1e-6)
+    stream = torch.jax.current_stream()
+    late = (j - 1).to("cpu", non_blocking=True)
+    event = stream.record_event()
+    while not event.query():  # (query, once true, has written what the event follows)
+        pass
+    assert torch.equal(late, c - 1)
+
+
+def test_copies_to_the_host_are_written_once_from_any_thread():
+    # (vLLM's output thread waits on the step's event while the engine queues the next step's copies)
+    import threading
+
+    j = torch.randn(64, 64, device="jax")
+    outs, events = [], []
+    for k in range(20):
+        outs.append((j @ j + k).to("cpu", non_blocking=True))
+        events.append(torch.Event(device="jax"))
+        events[-1].record()
+    waiters = [threading.Thread(target=e.synchronize) for e in events[::2]]
+    for w in waiters:
+        w.start()
+    for e in events[1::2]:
+        e.synchronize()
+    for w in waiters:
+        w.join()
+    want = j.cpu().double() @ j.cpu().double()
+    for k, out in enumerate(outs):
+        torch.testing.assert_close(out.double(), want + k, rtol=1e-4, atol=1e-3)
+
+
 def test_numpy_raises_the_cuda_error():
     j = torch.ones(3, device="jax")
     with pytest.raises(TypeError, match=r"can't convert jax:0 device type tensor to numpy\. Use Tensor\.cpu\(\)"):

@@ -244,7 +244,7 @@ def _pending(index: int):
     """The results of the last computation dispatched to jax device ``index``, or None
     (fused eager first dispatches the ops it has recorded)."""
     state = _module._state()
-    for dispatch in state.before_synchronize:
+    for dispatch in state.before_event:
         dispatch()
     return state.last.get(index)
 
@@ -289,7 +289,8 @@ class Stream(_CStream, metaclass=_AnswersForPyTorchType):
         if self.device.type != NAME:
             return super().query()
         results = _pending(self.device_index)
-        return results is None or _ready(results)
+        copies = _module._state().pending_host_copies(self.device_index)
+        return (results is None or _ready(results)) and all(copy.ready() for copy in copies)
 
     def synchronize(self) -> None:
         if self.device.type != NAME:
@@ -351,6 +352,7 @@ class Event(_CEvent, metaclass=_AnswersForPyTorchType):
         self._timing = enable_timing
         self._recorded = False
         self._results = None  # what synchronize() waits for
+        self._copies = ()  # and the copies to the host it writes (NOTE [Copies to the host without blocking])
         self._time = None  # host clock at record (timing events)
         return self
 
@@ -376,6 +378,7 @@ class Event(_CEvent, metaclass=_AnswersForPyTorchType):
             self._time = time.perf_counter()
         else:
             self._results = _pending(index)
+            self._copies = _module._state().pending_host_copies(index)
         self._recorded = True
 
     def query(self) -> bool:
@@ -383,6 +386,10 @@ class Event(_CEvent, metaclass=_AnswersForPyTorchType):
             return super().query()
         if self._results is not None and _ready(self._results):
             self._results = None
+        if self._results is None and self._copies:
+            if not all(copy.ready() for copy in self._copies):
+                return False
+            self._finish_copies()
         return self._results is None
 
     def synchronize(self) -> None:
@@ -393,6 +400,12 @@ class Event(_CEvent, metaclass=_AnswersForPyTorchType):
 
             jax.block_until_ready(self._results)
             self._results = None
+        if self._copies:
+            self._finish_copies()
+
+    def _finish_copies(self) -> None:
+        _module._state().finish_host_copies(copies=self._copies)
+        self._copies = ()
 
     def wait(self, stream=None) -> None:
         """Nothing to order on the jax device (NOTE [One stream per device])."""

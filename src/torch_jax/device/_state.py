@@ -128,6 +128,7 @@ def set_rng_state(state: torch.Tensor, index: int) -> None:
 
 
 before_synchronize: list = []  # callbacks (fused eager runs its pending graphs)
+before_event: list = []  # callbacks that dispatch without waiting (an event's record, a query)
 
 
 def synchronize(index: int | None = None) -> None:
@@ -137,3 +138,50 @@ def synchronize(index: int | None = None) -> None:
         results = last.pop(i, None)
         if results is not None:
             jax.block_until_ready(results)
+    if host_copies:
+        finish_host_copies(index)
+
+
+# NOTE [Copies to the host without blocking]: ``x.to("cpu", non_blocking=True)`` and
+# ``cpu.copy_(x, non_blocking=True)`` of a jax tensor return at once, as on CUDA, with the
+# CPU tensor's values written later: the copy waits here, in its device's queue, until
+# something orders after it. That is an event recorded after it and then waited for
+# (``Event.synchronize``, or ``query`` once its array is ready), the device's or its
+# stream's ``synchronize``, or a blocking copy to the host (a stream's later copy finds
+# the earlier ones done). The values are read then. vLLM's asynchronous scheduling copies
+# each step's sampled tokens so and waits on an event before reading them, while the host
+# prepares the next step. A copy is any object with ``ready()`` and ``finish()`` (the
+# runtime's, runtime/_copy.py); the queue may be finished from another thread (vLLM's
+# output thread), hence the lock.
+host_copies: dict[int, list] = {}  # device index -> copies not yet written, oldest first
+_copies_lock = threading.Lock()
+
+
+def defer_host_copy(index: int, copy) -> None:
+    with _copies_lock:
+        host_copies.setdefault(index, []).append(copy)
+
+
+def pending_host_copies(index: int) -> tuple:
+    """The copies an event recorded now on device ``index`` orders after."""
+    with _copies_lock:
+        return tuple(host_copies.get(index, ()))
+
+
+def finish_host_copies(index: int | None = None, copies=None) -> None:
+    """Writes ``copies`` (by default every copy queued on device ``index``, or on every
+    device) and drops them from the queue. (The writes wait outside the queue's lock: the
+    host keeps queueing the next step's copies meanwhile; a copy writes once, whichever
+    thread comes first.)"""
+    if copies is None:
+        with _copies_lock:
+            copies = [c for i in (list(host_copies) if index is None else [index]) for c in host_copies.get(i, ())]
+    for copy in copies:
+        copy.finish()
+    with _copies_lock:
+        for i in list(host_copies):
+            queue = [c for c in host_copies[i] if not c.done]
+            if queue:
+                host_copies[i] = queue
+            else:
+                del host_copies[i]

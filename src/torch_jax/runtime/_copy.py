@@ -9,6 +9,8 @@ it is not) and copied once into the CPU tensor.
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import torch
@@ -105,9 +107,17 @@ def logical_array(t: torch.Tensor, reason: str = "data-dependent"):
 
 def to_numpy(arr) -> np.ndarray:
     """A writable numpy array that we own, with the values of a JAX array (one copy)."""
-    _stats.counters["host_transfers"] += 1
+    if _devices.host_copies:  # NOTE [Copies to the host without blocking]: the earlier ones first
+        _devices.finish_host_copies()
     if _fused._deferred:  # NOTE [Deferred value checks] (runtime/_fused)
         _fused.check_deferred()
+    return _fetch(arr)
+
+
+def _fetch(arr) -> np.ndarray:
+    """(a copy to the host without blocking reads its array alone: the graphs dispatched
+    after it may still be running, and their checks wait for the next blocking read)"""
+    _stats.counters["host_transfers"] += 1
     fetch = getattr(arr, "_single_device_array_to_np_array_did_copy", None)
     if fetch is not None:
         npy, did_copy = fetch()
@@ -144,6 +154,42 @@ def download(t: torch.Tensor) -> torch.Tensor:
     return _dtypes.numpy_to_tensor(to_numpy(logical_array(t, "host transfer")))
 
 
+class _HostCopy:
+    """A copy of a jax tensor's values into a CPU tensor, in flight (NOTE [Copies to the
+    host without blocking] in device/_state)."""
+
+    __slots__ = ("arr", "dst", "done", "_lock")
+
+    def __init__(self, arr, dst: torch.Tensor):
+        arr.copy_to_host_async()
+        self.arr, self.dst, self.done = arr, dst, False
+        self._lock = threading.Lock()
+
+    def ready(self) -> bool:
+        return self.done or self.arr.is_ready()
+
+    def finish(self) -> None:
+        with self._lock:
+            if not self.done:
+                host = _dtypes.numpy_to_tensor(_fetch(self.arr))
+                # (the copy may be written after the inference mode it was made in)
+                with torch.inference_mode(self.dst.is_inference()):
+                    self.dst.copy_(host)
+                self.done = True
+
+
+def _deferrable(t: torch.Tensor) -> bool:
+    return not (t.is_conj() or t.is_neg())
+
+
+def download_later(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` from jax to the CPU without waiting (NOTE [Copies to the host
+    without blocking]): ``dst`` is written once something orders after the copy."""
+    copy = _HostCopy(logical_array(src, "host transfer"), dst)
+    _devices.defer_host_copy(_storage.box_of(src).index, copy)
+    return dst
+
+
 # ---------------------------------------------------------------- kernels
 
 
@@ -161,6 +207,8 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     self, src = _plain(self), _plain(src)
     if self.is_cpu:
+        if non_blocking and _deferrable(src):
+            return download_later(src, self)
         return self.copy_(download(src))
     jax_type = _storage_device_type()
     if self.device.type != jax_type:  # e.g. a cuda tensor written from a jax one
@@ -295,6 +343,12 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         out = _storage.new_tensor(src.shape, src.dtype, index, None, src.stride() if keep else None)
         return copy_(out, src, non_blocking)
     if target.type != _storage_device_type():  # the CPU, cuda or another device of this torch
+        if target.type == "cpu" and non_blocking and _deferrable(self):
+            if memory_format in (None, torch.preserve_format) and _storage.dense_perm(self.shape, self.stride()):
+                out = torch.empty_strided(self.shape, self.stride(), dtype=dtype or self.dtype)
+            else:
+                out = torch.empty(self.shape, dtype=dtype or self.dtype, memory_format=memory_format or torch.contiguous_format)
+            return download_later(self, out)
         out = download(self) if target.type == "cpu" else to_torch_device(self, target)
         if memory_format == torch.contiguous_format:
             out = out.contiguous()

@@ -296,8 +296,12 @@ def _replay(nodes, wanted, checks):
 # the CPU fallback), raising the first error in program order. So the device runs a
 # training step while Python records the next one, and an error in step N surfaces at
 # the marker of step N + 1 or at the first wait before it, as CUDA's device-side
-# asserts surface at a later call.
-_ASYNC = frozenset({"step marker", "optimizer step", "size cap"})
+# asserts surface at a later call. A compiled graph's checks wait here too, and so do a
+# strict op's under ``config.deferred_checks`` (vLLM's worker: its eager indexing ops
+# would otherwise wait for the step in flight, NOTE [vLLM's asynchronous scheduling on
+# jax]). An event's record dispatches and waits for nothing; a copy to the host without
+# blocking reads its own array only (NOTE [Copies to the host without blocking]).
+_ASYNC = frozenset({"step marker", "optimizer step", "size cap", "event"})
 _deferred: list = []  # (checks, flags) of graphs run, in order
 
 
@@ -351,6 +355,8 @@ def mark_step() -> None:
 
 
 _devices.before_synchronize.append(lambda: flush_all("synchronize"))
+# (an event's record dispatches what is recorded and waits for nothing, checks included)
+_devices.before_event.append(lambda: flush_all("event"))
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
