@@ -141,6 +141,30 @@ def test_errors_inside_debug_launch_blocking_mode():
         torch_jax.config.launch_blocking = False
 
 
+def test_deferred_checks_surface_at_the_next_wait_not_at_the_op(monkeypatch):
+    # NOTE [Deferred value checks]: strict ops under config.deferred_checks (vLLM's worker)
+    import torch_jax
+    from torch_jax.runtime import _fused
+
+    monkeypatch.setattr(torch_jax.config, "mode", "strict")
+    monkeypatch.setattr(torch_jax.config, "deferred_checks", True)
+    x = torch.arange(4.0, device="jax")
+    bad = x[torch.tensor([9]).to("jax")]  # (returns: its check waits with the computation)
+    assert bad.shape == (1,) and len(_fused._deferred) == 1
+    event = torch.Event(device="jax")
+    event.record()  # (an event's record waits for nothing, checks included)
+    assert len(_fused._deferred) == 1
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
+        (x + 1).cpu()  # the next wait: a copy to the host
+    assert _fused._deferred == [] and (x * 2).tolist() == [0.0, 2.0, 4.0, 6.0]  # (raised once)
+    x[torch.tensor([-7]).to("jax")]
+    with pytest.raises(IndexError, match="index -7 is out of bounds for dimension 0 with size 4"):
+        torch.jax.synchronize()
+    monkeypatch.setattr(torch_jax.config, "deferred_checks", False)
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):  # (the default: at the op)
+        x[torch.tensor([5]).to("jax")]
+
+
 # NOTE [Factories' out= tensors] in runtime/_install: how each factory resizes a wrong-sized
 # out= tensor, and what it warns
 FACTORY_OUTS = {

@@ -57,6 +57,11 @@ class Config:
         ``warn`` (once per op), ``silent``, or ``error`` (raise NotImplementedError).
     launch_blocking: wait for every op to finish before returning, so that an error
         is raised by the op that caused it (like ``CUDA_LAUNCH_BLOCKING=1``).
+    deferred_checks: strict mode's value checks (an index out of range) are read at the
+        next wait (a copy to the host, ``synchronize``), as fused and compiled graphs'
+        are and as CUDA's device-side asserts surface, instead of by the op, which then
+        returns without waiting for its computation; off by default (PyTorch's CPU raises
+        at the op); vLLM's worker turns it on (NOTE [Deferred value checks] in runtime/_fused).
     debug: 0 quiet; 1 logs fallbacks and compilations; 2 logs every op.
     mode: the executor; ``strict`` runs each op at once as a cached XLA computation,
         ``fused`` records ops and runs them as one computation when a value is needed
@@ -98,6 +103,7 @@ class Config:
 
     fallback: str = dataclasses.field(default_factory=lambda: _env_str("FALLBACK", "warn", _FALLBACK_MODES))
     launch_blocking: bool = dataclasses.field(default_factory=lambda: _env_int("LAUNCH_BLOCKING", 0) != 0)
+    deferred_checks: bool = dataclasses.field(default_factory=lambda: _env_int("DEFERRED_CHECKS", 0) != 0)
     debug: int = dataclasses.field(default_factory=lambda: _env_int("DEBUG", 0))
     mode: str = dataclasses.field(default_factory=lambda: _env_str("MODE", "strict", _MODES))
     cache_size: int = dataclasses.field(default_factory=lambda: _env_int("CACHE_SIZE", 2048))

@@ -693,6 +693,17 @@ def _layout(size, stride):
     return perm, list(stride)
 
 
+def _check(checks, flags) -> None:
+    """An op's value checks: read now (waiting for the op), or with the graphs' at the next
+    wait under ``config.deferred_checks`` (NOTE [Deferred value checks] in runtime/_fused)."""
+    if config.deferred_checks and not config.launch_blocking:
+        _fused._deferred.append((checks, flags))
+        if len(_fused._deferred) > 1024:  # (a program that never waits: the oldest, long done)
+            _fused.check_deferred(512)
+    else:
+        _fused.raise_failed_checks(checks, flags)
+
+
 class _Entry:
     """One compiled computation and how to turn its results into tensors."""
 
@@ -733,7 +744,7 @@ class _Entry:
             if config.launch_blocking:
                 jax.block_until_ready(results)
             if self.checks:
-                _fused.raise_failed_checks(self.checks, results[-len(self.checks) :])
+                _check(self.checks, results[-len(self.checks) :])
             _last[self.index] = results
         single = self.single
         if single is not None:
@@ -767,7 +778,7 @@ class _Entry:
                 jax.block_until_ready(results)
             _last[self.index] = results
             if self.checks:
-                _fused.raise_failed_checks(self.checks, results[-len(self.checks) :])
+                _check(self.checks, results[-len(self.checks) :])
         if length is not None:
             return self._finish_rows(args, results, length)
         fresh = []
