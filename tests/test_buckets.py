@@ -74,6 +74,33 @@ def test_a_growing_cache_compiles_nothing_within_a_bucket():
     assert _padded(dev)  # (a host transfer cuts on the host: the storage stays in its bucket)
 
 
+def test_a_planned_call_asks_the_meta_kernel_once_for_its_arguments(monkeypatch):
+    """NOTE [Meta outputs of a planned call]: a second sequence growing through the same
+    lengths dispatches no Meta kernel, with the CPU's results; other sizes ask again."""
+    from torch_jax.runtime import _executor
+
+    asked = []
+    meta = _executor._meta_outputs
+    monkeypatch.setattr(_executor, "_meta_outputs", lambda spec, args: asked.append(1) or meta(spec, args))
+    step = torch.randn(1, 2, 1, 8)
+
+    def grow(start, lengths):
+        cpu, dev = start, start.to("jax")
+        with config_as(bucketing="force"):
+            for n in lengths:
+                cpu = torch.cat([cpu, step * n], dim=2)
+                dev = torch.cat([dev, (step * n).to("jax")], dim=2)
+        assert _padded(dev)
+        torch.testing.assert_close(dev.cpu(), cpu)
+
+    grow(torch.randn(1, 2, 1, 8), range(2, 12))
+    first = len(asked)
+    grow(torch.randn(1, 2, 1, 8), range(2, 12))
+    assert first > 0 and len(asked) == first
+    grow(torch.randn(1, 3, 1, 8)[:, :2], range(2, 6))  # (other strides: asked again)
+    assert len(asked) > first
+
+
 def _bucketed(cpu: torch.Tensor, dim: int):
     """``cpu`` on the device, in a bucket along ``dim`` (written there by cat)."""
     with config_as(bucketing="force"):

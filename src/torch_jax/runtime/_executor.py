@@ -550,6 +550,29 @@ def _meta_of(x):
     return x
 
 
+def _meta_key(args):
+    """The key of NOTE [Meta outputs of a planned call], or None where a call is not kept."""
+    key = []
+    for a in args:
+        if isinstance(a, Tensor):
+            if a.is_cpu:
+                return None
+            key.append((a.shape, a.stride(), a.dtype))
+        elif isinstance(a, (list, tuple)):
+            inner = _meta_key(a)
+            if inner is None:
+                return None
+            key.append((a.__class__, inner))
+        elif a is None or a.__class__ in _META_KEY_TYPES:
+            key.append((a.__class__, a))
+        else:
+            return None
+    return tuple(key)
+
+
+_META_KEY_TYPES = frozenset({bool, int, float, complex, str, torch.dtype, torch.device, torch.memory_format, torch.layout})
+
+
 def _meta_outputs(spec: OpSpec, args):
     """Run the op's Meta kernel: PyTorch's errors, and the fresh outputs' size, stride
     and dtype (None for an undefined output). Returns None when there is no meta kernel."""
@@ -722,6 +745,7 @@ class _Entry:
         "cost",
         "write_order",
         "planned",
+        "metas",
         "padded",
     )
 
@@ -783,7 +807,7 @@ class _Entry:
             return self._finish_rows(args, results, length)
         fresh = []
         arrays = iter(results)
-        for i, (out, meta) in enumerate(zip(self.outs, _meta_outputs(self.spec, args))):
+        for i, (out, meta) in enumerate(zip(self.outs, self._metas(args))):
             if out is None:
                 fresh.append(None)
             elif out.__class__ is tuple:
@@ -793,6 +817,25 @@ class _Entry:
             else:
                 fresh.append(out.tensor(next(arrays)))
         return self._returns(args, fresh)
+
+    def _metas(self, args):
+        """NOTE [Meta outputs of a planned call]: the Meta kernel's outputs for these
+        arguments (``_meta_outputs``), kept by the operands' sizes, strides and dtypes and
+        the other arguments' values: a Meta dispatch costs about 250 us, and a generation
+        loop's bucketed ops (a growing KV cache's ``cat``) call it every token with the
+        arguments of a few calls before. Meta kernels read nothing else (a CPU tensor's
+        values might be: such calls are not kept). A kernel that raises is not kept either:
+        it raises again."""
+        key = _meta_key(args)
+        if key is None:
+            return _meta_outputs(self.spec, args)
+        metas = self.metas.get(key)
+        if metas is None:
+            metas = _meta_outputs(self.spec, args)
+            if len(self.metas) >= 256:
+                self.metas.clear()
+            self.metas[key] = metas
+        return metas
 
     def _finish_rows(self, args, results, length: int):
         fresh = []
@@ -1017,6 +1060,7 @@ def _compile(spec: OpSpec, args, key, index: int, dyn, plan=None) -> _Entry:
         entry.cost = _compile_cache.allocated() - before
     entry.write_order, entry.checks = traced_info["write_order"], traced_info["checks"]
     entry.planned, entry.padded = plan is not None, traced_info["padded"]
+    entry.metas = {} if entry.planned else None
     return entry
 
 
