@@ -98,6 +98,8 @@ def _metric(llm, name: str) -> float:
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 def test_greedy_tokens_are_transformers_tokens_on_the_cpu(engines, kind):
     llm, path, tokenizer = engines(kind)
+    # (vLLM's default, asynchronous scheduling: NOTE [vLLM's asynchronous scheduling on jax])
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     want = _hf_greedy(path, tokenizer, PROMPTS)
     one = llm.generate(PROMPTS[:1], _greedy())
     assert [list(o.outputs[0].token_ids) for o in one] == want[:1]

@@ -18,8 +18,10 @@ as any PyTorch code does. What differs from vLLM's GPU path, each with its own N
 - the compiler of vLLM's graph (vllm/_compiler.py): torch_jax's backend, the graph
   whole, attention and the cache write included (NOTE [vLLM's step as one computation]
   in vllm/_attention.py);
-- the configuration (``check_and_update_config``): no CUDA graphs, asynchronous
-  scheduling or CUDA fusion passes; the KV cache's size on XLA:CPU; workers spawned.
+- the configuration (``check_and_update_config``): no CUDA graphs or CUDA fusion
+  passes; the KV cache's size on XLA:CPU; workers spawned;
+- the CUDA streams and events of asynchronous scheduling (vllm/_worker.py, NOTE
+  [vLLM's asynchronous scheduling on jax]).
 
 Everything else is vLLM's own code, so a vLLM upgrade is a diff of these overrides.
 """
@@ -154,9 +156,6 @@ class JaxPlatform(Platform):
             compilation.compile_sizes = []
         if parallel.enable_dbo:
             parallel.enable_dbo = False
-        # (vLLM's asynchronous scheduling copies outputs on a side CUDA stream; jax has one
-        # queue a device, and JAX's dispatch is asynchronous already)
-        vllm_config.scheduler_config.async_scheduling = False
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:

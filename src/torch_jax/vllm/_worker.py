@@ -44,6 +44,9 @@ class JaxWorker(Worker):
         from torch_jax import config
 
         config.bucketing = "off"
+        # (and each step's indexing ops check their indices with the step's graph, at the
+        # next wait, as CUDA's device-side asserts: NOTE [vLLM's asynchronous scheduling on jax])
+        config.deferred_checks = True
         self.device = torch.device(current_platform.device_type, self.local_rank)
         torch.accelerator.set_device_index(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
@@ -103,7 +106,55 @@ class JaxWorker(Worker):
         raise NotImplementedError("torch_jax: vLLM's sleep mode is not supported on jax")
 
 
+@contextlib.contextmanager
+def _cuda_streams_on_jax():
+    """NOTE [vLLM's asynchronous scheduling on jax]: with asynchronous scheduling, vLLM's
+    engine schedules step N+1 and its model runner prepares and dispatches it while the
+    device computes step N. The GPU runner reaches CUDA for that directly: each step's
+    sampled tokens go to the host with ``to("cpu", non_blocking=True)`` under
+    ``torch.cuda.stream(...)`` on a side stream and a ``torch.cuda.Event`` recorded after
+    them, which the engine waits on before reading the tokens; another event orders the
+    reuse of the host input buffers. While the runner is made and while it runs a step,
+    those ``torch.cuda`` names are the jax device's (``torch.jax``'s stream and events, as
+    vLLM's XPU runner maps them to ``torch.xpu``'s), and restored after. The copies return
+    at once (NOTE [Copies to the host without blocking] in device/_state) and the event's
+    ``synchronize`` writes them; the side stream orders nothing, as jax has one queue a
+    device (NOTE [One stream per device])."""
+
+    def event(*args, enable_timing=False, blocking=False, interprocess=False, external=False):
+        return torch.Event(device=torch.jax.current_device(), enable_timing=enable_timing, blocking=blocking)
+
+    jax_names = {
+        "Stream": lambda *args, **kwargs: torch.Stream(device=torch.jax.current_device()),
+        "Event": event,
+        "current_stream": torch.jax.current_stream,
+        "default_stream": torch.jax.current_stream,
+        "stream": torch.jax.stream,
+        "set_stream": torch.jax.set_stream,
+    }
+    saved = {name: getattr(torch.cuda, name) for name in jax_names}
+    for name, value in jax_names.items():
+        setattr(torch.cuda, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(torch.cuda, name, value)
+
+
 class JaxModelRunner(GPUModelRunner):
+    def __init__(self, *args, **kwargs):
+        with _cuda_streams_on_jax():  # NOTE [vLLM's asynchronous scheduling on jax]
+            super().__init__(*args, **kwargs)
+
+    def execute_model(self, *args, **kwargs):
+        with _cuda_streams_on_jax():
+            return super().execute_model(*args, **kwargs)
+
+    def sample_tokens(self, *args, **kwargs):
+        with _cuda_streams_on_jax():
+            return super().sample_tokens(*args, **kwargs)
+
     # NOTE [Token buckets]: each step's tokens are padded to the next of a few counts
     # (powers of two from 16 to the batch's limit, ``max_num_batched_tokens``), as vLLM pads
     # to its CUDA graphs' sizes: the model's computation is one per bucket (NOTE [vLLM's
