@@ -148,6 +148,19 @@ def test_copy_into_a_host_tensor_without_blocking_converts_and_broadcasts():
     assert as_half.dtype == torch.float16 and torch.equal(as_half, (torch.arange(6.0).reshape(2, 3) + 0.5).half())
 
 
+def test_a_copy_to_the_host_without_blocking_raises_and_counts_versions_at_the_call():
+    j = torch.arange(3.0, device="jax")
+    with pytest.raises(RuntimeError, match="must match the size"):  # (PyTorch's error, at the call)
+        torch.empty(4).copy_(j, non_blocking=True)
+    p = torch.zeros(3, requires_grad=True)
+    with torch.no_grad():
+        p.copy_(j + 1, non_blocking=True)
+    version = p._version
+    while not torch.jax.current_stream().query():  # (a stream's query, once true, has written it)
+        pass
+    assert torch.equal(p.detach(), torch.arange(3.0) + 1) and p._version == version  # (written once, as one write)
+
+
 def test_a_blocking_transfer_finds_the_earlier_copies_written():
     c = torch.randn(5)
     j = c.to("jax")

@@ -288,9 +288,14 @@ class Stream(_CStream, metaclass=_AnswersForPyTorchType):
     def query(self) -> bool:
         if self.device.type != NAME:
             return super().query()
+        state = _module._state()
         results = _pending(self.device_index)
-        copies = _module._state().pending_host_copies(self.device_index)
-        return (results is None or _ready(results)) and all(copy.ready() for copy in copies)
+        copies = state.pending_host_copies(self.device_index)
+        if results is not None and not _ready(results) or not all(copy.ready() for copy in copies):
+            return False
+        if copies:  # (done, as the query answers: written)
+            state.finish_host_copies(copies=copies)
+        return True
 
     def synchronize(self) -> None:
         if self.device.type != NAME:

@@ -171,15 +171,25 @@ class _HostCopy:
     def finish(self) -> None:
         with self._lock:
             if not self.done:
-                host = _dtypes.numpy_to_tensor(_fetch(self.arr))
-                # (the copy may be written after the inference mode it was made in)
-                with torch.inference_mode(self.dst.is_inference()):
-                    self.dst.copy_(host)
+                # (the values only, as the call's kernel would have written them: no autograd,
+                # no second version bump, whatever inference mode the call was made in)
+                self.dst.data.copy_(_dtypes.numpy_to_tensor(_fetch(self.arr)))
                 self.done = True
 
 
-def _deferrable(t: torch.Tensor) -> bool:
-    return not (t.is_conj() or t.is_neg())
+def _deferrable(t: torch.Tensor, dst: torch.Tensor | None = None) -> bool:
+    """Whether a copy of ``t`` to the host may wait (else it is made at once, and raises at
+    once what PyTorch's copy raises: a shape that does not broadcast, an overlapping
+    destination)."""
+    if t.is_conj() or t.is_neg():
+        return False
+    if dst is None:
+        return True
+    try:
+        fits = torch.broadcast_shapes(t.shape, dst.shape) == dst.shape
+    except RuntimeError:
+        return False
+    return fits and torch._debug_has_internal_overlap(dst) == 0
 
 
 def download_later(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -207,7 +217,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     self, src = _plain(self), _plain(src)
     if self.is_cpu:
-        if non_blocking and _deferrable(src):
+        if non_blocking and _deferrable(src, self):
             return download_later(src, self)
         return self.copy_(download(src))
     jax_type = _storage_device_type()
@@ -344,10 +354,11 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         return copy_(out, src, non_blocking)
     if target.type != _storage_device_type():  # the CPU, cuda or another device of this torch
         if target.type == "cpu" and non_blocking and _deferrable(self):
-            if memory_format in (None, torch.preserve_format) and _storage.dense_perm(self.shape, self.stride()):
+            # (the layout download() gives: a dense one kept, unless contiguous is asked for)
+            if memory_format != torch.contiguous_format and _storage.dense_perm(self.shape, self.stride()):
                 out = torch.empty_strided(self.shape, self.stride(), dtype=dtype or self.dtype)
             else:
-                out = torch.empty(self.shape, dtype=dtype or self.dtype, memory_format=memory_format or torch.contiguous_format)
+                out = torch.empty(self.shape, dtype=dtype or self.dtype)
             return download_later(self, out)
         out = download(self) if target.type == "cpu" else to_torch_device(self, target)
         if memory_format == torch.contiguous_format:
