@@ -149,6 +149,7 @@ def test_deferred_checks_surface_at_the_next_wait_not_at_the_op(monkeypatch):
     monkeypatch.setattr(torch_jax.config, "mode", "strict")
     monkeypatch.setattr(torch_jax.config, "deferred_checks", True)
     x = torch.arange(4.0, device="jax")
+    torch.jax.synchronize()  # (the checks an earlier test's graphs left)
     bad = x[torch.tensor([9]).to("jax")]  # (returns: its check waits with the computation)
     assert bad.shape == (1,) and len(_fused._deferred) == 1
     event = torch.Event(device="jax")
