@@ -121,11 +121,14 @@ def _cuda_streams_on_jax():
     ``synchronize`` writes them; the side stream orders nothing, as jax has one queue a
     device (NOTE [One stream per device])."""
 
+    def here() -> torch.device:
+        return torch.device(current_platform.device_type, torch.jax.current_device())
+
     def event(*args, enable_timing=False, blocking=False, interprocess=False, external=False):
-        return torch.Event(device=torch.jax.current_device(), enable_timing=enable_timing, blocking=blocking)
+        return torch.Event(device=here(), enable_timing=enable_timing, blocking=blocking)
 
     jax_names = {
-        "Stream": lambda *args, **kwargs: torch.Stream(device=torch.jax.current_device()),
+        "Stream": lambda *args, **kwargs: torch.Stream(device=here()),
         "Event": event,
         "current_stream": torch.jax.current_stream,
         "default_stream": torch.jax.current_stream,
