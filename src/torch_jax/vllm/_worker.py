@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import gc
 import os
+import unittest.mock
 
 import torch
 from vllm.logger import init_logger
@@ -135,14 +136,8 @@ def _cuda_streams_on_jax():
         "stream": torch.jax.stream,
         "set_stream": torch.jax.set_stream,
     }
-    saved = {name: getattr(torch.cuda, name) for name in jax_names}
-    for name, value in jax_names.items():
-        setattr(torch.cuda, name, value)
-    try:
+    with unittest.mock.patch.multiple(torch.cuda, **jax_names):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(torch.cuda, name, value)
 
 
 class JaxModelRunner(GPUModelRunner):
