@@ -65,7 +65,6 @@ def test_strict_add_costs_at_most_a_fixed_multiple_of_jax_jit(monkeypatch):
     for _ in range(3):
         best = _best_times(pairs)
         ratio = best["strict"] / best["jax.jit"]
-        print('RATIO', best, ratio)  # TEMP
         if ratio <= ADD_LIMIT:
             break
     assert ratio <= ADD_LIMIT, (

@@ -570,7 +570,9 @@ def _meta_key(args):
     return tuple(key)
 
 
-_META_KEY_TYPES = frozenset({bool, int, float, complex, str, torch.dtype, torch.device, torch.memory_format, torch.layout})
+_META_KEY_TYPES = frozenset(
+    {bool, int, float, complex, str, torch.dtype, torch.device, torch.memory_format, torch.layout}
+)
 
 
 def _meta_outputs(spec: OpSpec, args):
