@@ -6,6 +6,8 @@ Floating reductions of float16/bfloat16 accumulate in float32, as PyTorch does.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,10 +38,53 @@ def _acc(x, out: np.dtype):
     return cast(x, out)
 
 
+# NOTE [Column sums on XLA:CPU]: XLA:CPU sums over leading axes (a Linear layer's bias
+# gradient: the output's gradient summed over its rows) at under 1 GB/s once the kept
+# trailing extent passes some 16K elements, against 13-17 GB/s below, and
+# sequentially: measured on a 2-core Xeon, x.sum(0) of a (700, 33278) float32 array (the
+# word language model's decoder bias) 214-229 ms against PyTorch's 7.5 ms, 5.6x its
+# error against a float64 sum (1.0e-4 against 1.9e-5); (700, 32768) 113 ms, (100,
+# 33278) 31 ms, (8, 2.9M) 174 ms, where (700, 8192) takes 1.3 ms. So on the CPU such a sum
+# adds halves of the rows, a pairwise tree: each level a contiguous elementwise add.
+# (700, 33278): 24 ms, its error 1.3e-5; (100000, 64), below the threshold, keeps XLA's.
+_WIDE = 16384
+
+
+def _leading_sum(x, reduced: int):
+    """The sum of ``x`` over its first ``reduced`` axes (its leading axes)."""
+    kept = x.shape[reduced:]
+    rows = x.reshape(-1, *kept) if reduced else x[None]
+    if rows.shape[0] == 0 or math.prod(kept) < _WIDE:
+        return jnp.sum(rows, axis=0)
+
+    def pairwise(rows):
+        extra = None
+        while rows.shape[0] > 1:
+            half = rows.shape[0] // 2
+            if rows.shape[0] % 2:
+                extra = rows[-1] if extra is None else extra + rows[-1]
+            rows = rows[:half] + rows[half : 2 * half]
+        total = rows[0] if extra is None else rows[0] + extra
+        return jnp.where(total == 0, jnp.zeros((), total.dtype), total)  # (a sum of -0.0s is +0.0, as in PyTorch)
+
+    return lax.platform_dependent(rows, cpu=pairwise, default=lambda rows: jnp.sum(rows, axis=0))
+
+
+def _sum(x, axis, keepdims):
+    """``jnp.sum``, with sums over leading axes of a wide array as NOTE [Column sums on
+    XLA:CPU] says."""
+    reduced = len(axis)
+    if not reduced or axis != tuple(range(reduced)) or reduced == x.ndim or jnp.iscomplexobj(x):
+        return jnp.sum(x, axis=axis, keepdims=keepdims)
+    total = _leading_sum(x, reduced)
+    return total.reshape((1,) * reduced + total.shape) if keepdims else total
+
+
 @lower(aten.sum.dim_IntList)
 def sum_dim(x, dim, keepdim=False, dtype=None):
     out = _context.out_dtype()
-    return cast(jnp.sum(_acc(x, out), axis=axes(x, dim), keepdims=keepdim), out)
+    x = _acc(x, out)
+    return cast(_sum(x, axes(x, dim), keepdim), out)
 
 
 @lower(aten.sum.default)
