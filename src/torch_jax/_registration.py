@@ -147,6 +147,11 @@ def initialize() -> None:
 
         _cache.enable()  # NOTE [Persistent compilation cache]
         _initialized = True
+        # (the kernels layer's aten kernels, once the device has started: importing the
+        # layer starts it)
+        from torch_jax.kernels import _rnn
+
+        _rnn.install(_install.library(), _install.REGISTERED)  # NOTE [Recurrent layers in one op]
     from torch_jax.device import _module
 
     _module.run_pending()  # NOTE [Seeds before the device starts]
