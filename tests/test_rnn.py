@@ -149,3 +149,18 @@ def test_recurrent_layers_under_autocast_and_in_half_take_the_composite():
     half = copy.deepcopy(cpu).to(torch.bfloat16)
     got = half.to("jax")(x.bfloat16().to("jax"))[0]
     torch.testing.assert_close(got.cpu(), copy.deepcopy(half).cpu()(x.bfloat16())[0], atol=4e-3, rtol=0)
+
+
+def test_recurrent_layers_under_torch_func_grad_match_cpu():
+    """torch.func's transforms take the composite, on jax as on the CPU."""
+    from torch.func import functional_call, grad
+
+    torch.manual_seed(0)
+    cpu = torch.nn.LSTM(3, 4, num_layers=2).double()
+    dev = copy.deepcopy(cpu).to("jax")
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    grads = []
+    for m, xx in ((cpu, x), (dev, x.to("jax"))):
+        g = grad(lambda p, m=m, xx=xx: functional_call(m, p, (xx,))[0].square().sum())(dict(m.named_parameters()))
+        grads.append({k: v.cpu() for k, v in g.items()})
+    torch.testing.assert_close(grads[1], grads[0])

@@ -33,7 +33,7 @@ from torch_jax.ops._matmul import _dot
 # dropout between layers in training, the final states stacked.
 # ``install`` registers it for the device's autograd key and its backend key (which
 # inference mode reaches directly), for float32 and float64 operands on one jax
-# device outside autocast; half dtypes (where the CPU rounds each op's result), autocast
+# device outside autocast and torch.func's transforms; half dtypes (where the CPU rounds each op's result), autocast
 # (whose casts the composite's products get), packed sequences (``lstm.data``) and
 # anything else keep the composite. Measured on the word language model's training step
 # (pytorch/examples: a 2-layer LSTM 200 wide, 35 steps, batch 20, 33278 words; 2-core
@@ -224,13 +224,18 @@ _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 def _kernel(name: str):
     """``aten::<name>.input``'s kernel: the layers as one op each where they fit, else
     PyTorch's composite. Under autocast the composite runs, so that its products are cast
-    as on any device."""
+    as on any device, and under torch.func's transforms (``grad``, ``vmap``), which take
+    it as they take it on the CPU."""
     op = getattr(torch.ops.aten, name).input
 
     def kernel(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
         states = hx if isinstance(hx, (list, tuple)) else [hx]
         args = (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        if torch.is_autocast_enabled(input.device.type) or not fits(input, [*states, *params]):
+        if (
+            torch.is_autocast_enabled(input.device.type)
+            or torch._C._are_functorch_transforms_active()
+            or not fits(input, [*states, *params])
+        ):
             return op._op_dk(_COMPOSITE, *args)  # (the C++ composite; ``decompose`` runs torch._decomp's)
         return run(name, *args)
 
