@@ -35,7 +35,13 @@ from torch_jax.ops._matmul import _dot
 # inference mode reaches directly), for float32 and float64 operands on one jax
 # device outside autocast and torch.func's transforms; half dtypes (where the CPU rounds each op's result), autocast
 # (whose casts the composite's products get), packed sequences (``lstm.data``) and
-# anything else keep the composite. Measured on the word language model's training step
+# anything else keep the composite. A layer's computation compiles once per shape, the
+# sequence's length included (about 0.35 s forward and 0.5-1 s backward a layer here),
+# where the composite's cell ops compile once per batch and width; so a shape's first
+# ``WARM`` calls run the composite and its later ones the one-op layers: a training loop
+# over batches of one length pays its compiles once, and lengths seen once or twice (a
+# ragged last batch, a test's samples: ModuleInfo's RNN tests took 53 s, 178 s with
+# every call in one op) compile nothing more than before. Measured on the word language model's training step
 # (pytorch/examples: a 2-layer LSTM 200 wide, 35 steps, batch 20, 33278 words; 2-core
 # Xeon, runs of the two versions in turn, with NOTE [Column sums on XLA:CPU] in both):
 # strict 529-754 -> 424-604 ms, fused 903-1516 -> 402-432 ms, PyTorch's CPU 233-320 ms
@@ -219,6 +225,19 @@ def run(name, input, hx, params, has_biases, num_layers, dropout, train, bidirec
 
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+WARM = 2  # a shape's calls through the composite before its layers run as one op each
+_calls: dict = {}  # shapes of recurrent calls -> how many so far (up to WARM)
+
+
+def _repeated(key) -> bool:
+    """Whether ``key``'s shapes were called ``WARM`` times before (this call counts)."""
+    n = _calls.get(key, 0)
+    if n >= WARM:
+        return True
+    if len(_calls) >= 4096:  # (bounded: many lengths seen once start again)
+        _calls.clear()
+    _calls[key] = n + 1
+    return False
 
 
 def _kernel(name: str):
@@ -235,6 +254,7 @@ def _kernel(name: str):
             torch.is_autocast_enabled(input.device.type)
             or torch._C._are_functorch_transforms_active()
             or not fits(input, [*states, *params])
+            or not _repeated((name, input.shape, input.dtype, input.device, *(t.shape for t in (*states, *params))))
         ):
             return op._op_dk(_COMPOSITE, *args)  # (the C++ composite; ``decompose`` runs torch._decomp's)
         return run(name, *args)
