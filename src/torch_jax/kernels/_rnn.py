@@ -41,16 +41,15 @@ from torch_jax.ops._matmul import _dot
 # ``WARM`` calls run the composite and its later ones the one-op layers: a training loop
 # over batches of one length pays its compiles once, and lengths seen once or twice (a
 # ragged last batch, a test's samples: ModuleInfo's RNN tests took 53 s, 178 s with
-# every call in one op) compile nothing more than before. Measured on the word language model's training step
-# (pytorch/examples: a 2-layer LSTM 200 wide, 35 steps, batch 20, 33278 words; 2-core
-# Xeon, runs of the two versions in turn, with NOTE [Column sums on XLA:CPU] in both):
-# strict 529-754 -> 424-604 ms, fused 903-1516 -> 402-432 ms, PyTorch's CPU 233-320 ms
-# in the same runs (most of the step is the decoder's products and log-softmax); the
-# float32 error against a float64 reference 1.02-1.12x the CPU's on average over seeds,
-# at most 1.45x (tests/test_rnn.py).
+# every call in one op) compile nothing more than before. Measured on the word language
+# model's training step (pytorch/examples: a 2-layer LSTM 200 wide, 35 steps, batch 20,
+# 33278 words; 2-core Xeon, runs of the two versions in turn, with NOTE [Column sums on
+# XLA:CPU] in both): strict 529-754 -> 424-604 ms, fused 903-1516 -> 402-432 ms,
+# PyTorch's CPU 233-320 ms in the same runs (most of the step is the decoder's products
+# and log-softmax); the float32 error against a float64 reference 1.02-1.12x the CPU's
+# on average over seeds, at most 1.45x (tests/test_rnn.py).
 
 _MODES = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
-_GATES = (1, 1, 4, 3)
 _DTYPES = (torch.float32, torch.float64)
 
 
@@ -100,7 +99,6 @@ def _layer(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):
     return out, h, c
 
 
-_WEIGHTS = ("w_ih", "w_hh", "b_ih", "b_hh", "w_hr")
 _SCHEMA = "Tensor input, Tensor hx, Tensor? cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr"
 
 
