@@ -136,3 +136,10 @@ def test_wide_column_sums_have_the_cpus_accuracy(mode, shape, dim):
         torch.testing.assert_close(flags.to("jax").sum(dim).cpu(), flags.sum(dim), rtol=0, atol=0)
         zeros = torch.zeros(shape).neg()  # (a sum of -0.0s is +0.0, as PyTorch's)
         assert not zeros.to("jax").sum(dim).cpu().signbit().any()
+
+
+@pytest.mark.parametrize("shape, dim", [((5, 0), 0), ((0, 0), 0), ((2, 0, 3), (0, 1)), ((0, 20000), 0)])
+def test_column_sums_of_empty_arrays_match_the_cpu(shape, dim):
+    x = torch.randn(*shape)
+    for keepdim in (False, True):
+        torch.testing.assert_close(x.to("jax").sum(dim, keepdim=keepdim).cpu(), x.sum(dim, keepdim=keepdim))

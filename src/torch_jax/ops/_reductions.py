@@ -53,9 +53,10 @@ _WIDE = 16384
 def _leading_sum(x, reduced: int):
     """The sum of ``x`` over its first ``reduced`` axes (its leading axes)."""
     kept = x.shape[reduced:]
-    rows = x.reshape(-1, *kept) if reduced else x[None]
-    if rows.shape[0] == 0 or math.prod(kept) < _WIDE:
-        return jnp.sum(rows, axis=0)
+    n = math.prod(x.shape[:reduced])
+    if n == 0 or math.prod(kept) < _WIDE:
+        return jnp.sum(x, axis=tuple(range(reduced)))
+    rows = x.reshape(n, *kept)
 
     def pairwise(rows):
         extra = None
