@@ -169,8 +169,7 @@ def _composite_grads(operands, outs, mode, reverse):
     name = next(n for n, m in _MODES.items() if m == mode)
     op = getattr(torch.ops.aten, name).input
     states = [hx[None], cx[None]] if cx is not None else hx[None]
-    composite = torch._C.DispatchKey.CompositeImplicitAutograd
-    out, h, *c = op._op_dk(composite, x, states, params, has_biases, 1, 0.0, False, False, False)
+    out, h, *c = op._op_dk(_COMPOSITE, x, states, params, has_biases, 1, 0.0, False, False, False)
     results = [out.flip(0) if reverse else out, h[0], c[0][0] if c else None]
     pairs = [(r, g) for r, g in zip(results, outs) if r is not None and g is not None]
     wrt = [x for x in operands if x is not None and x.requires_grad]
