@@ -92,7 +92,13 @@ def _run(module, x, calls=1):
     return [t.detach().cpu().double() for t in (out, *grads)]
 
 
-@pytest.mark.parametrize("cls, kw", _LAYERS, ids=_IDS)
+# (each layer and direction compiles a scan and its backward for each length: two
+# configurations here, every one in the accuracy test below)
+@pytest.mark.parametrize(
+    "cls, kw",
+    [(torch.nn.LSTM, dict(num_layers=2)), (torch.nn.GRU, dict(bidirectional=True, batch_first=True))],
+    ids=["lstm", "gru-bi-batch-first"],
+)
 def test_recurrent_layers_run_in_one_op_a_layer_whatever_the_length(cls, kw):
     import torch_jax
 
@@ -118,10 +124,10 @@ def test_recurrent_layers_float32_error_is_the_cpus(cls, kw):
     error against the CPU's float32 composite's, over seeds (measured: 1.02-1.12x on
     average, at most 1.45x)."""
     ours_total = cpu_total = 0.0
-    for seed in range(4):
+    for seed in range(3):
         torch.manual_seed(seed)
         ref = cls(16, 24, **kw).double()
-        x = torch.randn(4, 20, 16, dtype=torch.float64) if kw.get("batch_first") else torch.randn(20, 4, 16).double()
+        x = torch.randn(4, 12, 16, dtype=torch.float64) if kw.get("batch_first") else torch.randn(12, 4, 16).double()
         exact = _run(ref, x)
         cpu = _run(copy.deepcopy(ref).float(), x.float())
         ours = _run(copy.deepcopy(ref).float().to("jax"), x.float().to("jax"), calls=_warm())
@@ -133,7 +139,7 @@ def test_recurrent_layers_float32_error_is_the_cpus(cls, kw):
 
 def test_recurrent_layers_double_backward_and_inference_mode_match_cpu():
     torch.manual_seed(0)
-    cpu = torch.nn.GRU(3, 4, num_layers=2).double()
+    cpu = torch.nn.GRU(3, 4).double()
     dev = copy.deepcopy(cpu).to("jax")
     x = torch.randn(5, 2, 3, dtype=torch.float64)
     results = []
