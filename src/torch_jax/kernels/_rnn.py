@@ -136,7 +136,6 @@ rnn_layer_backward = jax_op(
 
 def _setup_context(ctx, inputs, output):
     *operands, ctx.mode, ctx.reverse = inputs
-    ctx.given = [x is not None for x in operands]
     ctx.save_for_backward(*operands)
 
 
@@ -145,16 +144,16 @@ def _backward(ctx, grad_out, grad_h, grad_c):
     outs = [grad_out, grad_h, grad_c]
     if torch.is_grad_enabled():  # create_graph: gradients made of differentiable ops
         return (*_composite_grads(operands, outs, ctx.mode, ctx.reverse), None, None)
-    shapes = _output_shapes(operands, ctx.mode)
+    shapes = _output_shapes(operands)
     outs = [
         torch.zeros(s, dtype=operands[0].dtype, device=operands[0].device) if g is None else g
         for g, s in zip(outs, shapes)
     ]
     grads = iter(rnn_layer_backward(*operands, *outs, ctx.mode, ctx.reverse))
-    return (*(next(grads) if given else None for given in ctx.given), None, None)
+    return (*(None if x is None else next(grads) for x in operands), None, None)
 
 
-def _output_shapes(operands, mode):
+def _output_shapes(operands):
     input, hx, cx = operands[:3]
     return (*input.shape[:2], hx.shape[1]), tuple(hx.shape), (0,) if cx is None else tuple(cx.shape)
 
