@@ -18,8 +18,13 @@ from torch_jax.runtime import _buckets, _executor
 
 # Strict `add` of 16 floats against jax.jit's call of x + y, in one process: 2.8x on
 # 2026-12-06 (11.6 against 4.2 us, a 2-core Xeon), 3.2x before the fast path. A ratio,
-# never a time: these machines vary several times from hour to hour, a ratio far less.
-ADD_LIMIT = 4.0
+# never a time: these machines vary several times from hour to hour, a ratio far less,
+# but it differs between the kinds of machine CI runs on: a 2-core AMD EPYC VM (its
+# Python-side work several times slower, jax.jit's C++ call 1.8x) measured 4.5-5.7x alone
+# and 4.9x beside the suite's other worker (2026-12-07), where a limit of 4x failed. The
+# limit takes the slowest kind seen, with room: a lost fast path or a per-op cost grown
+# by half still crosses it there, and a cost grown 2.5x crosses it on the Xeon.
+ADD_LIMIT = 7.0
 
 
 def _per_call(fn, args, calls: int) -> float:

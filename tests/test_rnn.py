@@ -161,8 +161,15 @@ def test_recurrent_layers_under_autocast_and_in_half_take_the_composite():
     cpu = torch.nn.LSTM(4, 8)
     dev = copy.deepcopy(cpu).to("jax")
     x = torch.randn(6, 2, 4)
-    with torch.autocast("cpu", torch.bfloat16):
-        want = cpu(x)[0]
+    try:
+        with torch.autocast("cpu", torch.bfloat16):
+            want = cpu(x)[0]
+    except RuntimeError as e:
+        # (PyTorch's CPU runs an autocast LSTM through oneDNN's bfloat16 layer, which CPUs
+        # without AVX-512 lack: "could not create a primitive descriptor" on a 2-core AMD
+        # EPYC. There the reference is the layer in bfloat16, what autocast's casts give.)
+        assert "primitive descriptor" in str(e), e
+        want = copy.deepcopy(cpu).bfloat16()(x.bfloat16())[0]
     with torch.autocast("jax", torch.bfloat16):
         got = dev(x.to("jax"))[0]
     assert got.dtype == want.dtype == torch.bfloat16
