@@ -38,7 +38,9 @@ def _step(x, w):
     return torch.relu(x @ w).sum(dim=0)
 
 
-def test_a_few_hundred_shapes_stay_under_a_small_budget(fresh_warning):
+def test_many_shapes_stay_under_a_small_budget(fresh_warning):
+    # (160 lengths, each new: 2.5 times the cache's entries in graphs, more in ops; 300
+    # took 265 s of CI's fused run on a slow machine, 45 s of its strict run)
     w = torch.randn(8, 4)
     w_dev = w.to("jax")
     before = torch_jax.stats()
@@ -49,7 +51,7 @@ def test_a_few_hundred_shapes_stay_under_a_small_budget(fresh_warning):
         warnings.catch_warnings(record=True) as caught,
     ):
         warnings.simplefilter("always")
-        for n in range(1, 301):
+        for n in range(1, 161):
             x = torch.randn(n, 8)
             got = _step(x.to("jax"), w_dev).cpu()
             torch.testing.assert_close(got, _step(x, w), rtol=1e-5, atol=1e-5)
