@@ -22,8 +22,8 @@ from torch_jax.runtime import _buckets, _executor
 # but it differs between the kinds of machine CI runs on: a 2-core AMD EPYC VM (its
 # Python-side work several times slower, jax.jit's C++ call 1.8x) measured 4.5-5.7x alone
 # and 4.9x beside the suite's other worker (2026-12-07), where a limit of 4x failed. The
-# limit takes the slowest kind seen, with room: a lost fast path or a per-op cost grown
-# by half still crosses it there, and a cost grown 2.5x crosses it on the Xeon.
+# limit takes the slowest kind seen, with room: a per-op cost grown by half crosses it
+# there, one grown 2.5x on the Xeon (a coarse guard; benchmarks/dispatch has the detail).
 ADD_LIMIT = 7.0
 
 
