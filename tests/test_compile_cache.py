@@ -77,6 +77,29 @@ def test_a_fixed_shape_loop_never_warns(fresh_warning):
                 _step(torch.randn(n, 8, device="jax"), w).cpu()
 
 
+def test_sizes_compiled_on_purpose_are_not_shapes_that_keep_changing(fresh_warning):
+    """A warm-up over chosen sizes (vLLM's token buckets) inside ``_recompiles.planned()``
+    warns of nothing and counts no churn; the same sizes after it are cache hits, and new
+    ones outside it are noted as ever."""
+    w = torch.randn(8, 4, device="jax")
+    churn = dict(torch_jax.stats().get("shape_churn", {}))
+    # (bucketing off: every size compiles, as test_many_shapes_stay_under_a_small_budget's)
+    with config_as(bucketing="off"), warnings.catch_warnings():
+        warnings.simplefilter("error", torch_jax.RecompileWarning)
+        # (and a torch.compile graph, compiled for each input shape: vLLM's model step)
+        compiled = torch.compile(_step, backend="jax", dynamic=True)
+        with _recompiles.planned():
+            for n in range(1, 2 * _recompiles.THRESHOLD + 1):
+                _step(torch.randn(n, 8, device="jax"), w).cpu()
+                compiled(torch.randn(n, 8, device="jax"), w).cpu()
+        for n in range(1, 2 * _recompiles.THRESHOLD + 1):
+            _step(torch.randn(n, 8, device="jax"), w).cpu()
+    assert dict(torch_jax.stats().get("shape_churn", {})) == churn
+    with config_as(bucketing="off"), pytest.warns(torch_jax.RecompileWarning, match="keeps compiling for new shapes"):
+        for n in range(100, 100 + _recompiles.THRESHOLD):
+            _step(torch.randn(n, 8, device="jax"), w).cpu()
+
+
 def test_evicted_computations_compile_again_with_the_same_results():
     x = torch.randn(6, 8).to("jax")
     first = (x * 3).cpu()

@@ -596,7 +596,7 @@ class Program(OutputCode):
         before = _compile_cache.allocated()
         reason = self._reason(key)
         _stats.compile_reasons[reason] += 1
-        if reason.startswith("new input shapes"):
+        if reason.startswith("new input shapes") and not _recompiles.planned_now():
             self.reshaped += 1
             if self.reshaped == _recompiles.THRESHOLD:  # NOTE [Shapes that keep changing]
                 _recompiles.churn[f"torch.compile graph {self.name}"] = self.reshaped

@@ -14,12 +14,15 @@ compiles a fixed set of computations in a fixed-shape program, once. A fused gra
 one structure (the same ops, connected the same way) differ in their shapes. The first
 time either happens the process warns once (``RecompileWarning``), naming the op or
 graph and the dimension, and what helps; ``torch_jax.stats()["shape_churn"]`` counts
-the ops and graphs found.
+the ops and graphs found. Compilations inside ``planned()`` are not noted: a warm-up over
+sizes chosen on purpose (vLLM's token buckets, NOTE [Token buckets] in vllm/_worker.py)
+is what the warning advises, not a program whose shapes keep changing.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
 
 from torch_jax._warnings import RecompileWarning
@@ -30,6 +33,7 @@ _sizes: dict = {}  # masked key -> the size values seen at its mask
 _shapes: dict = {}  # fused graph structure -> [graphs compiled, the last's input shapes, its compile seconds]
 churn: collections.Counter = collections.Counter()  # op or graph -> compilations seen churning
 _warned = False
+_planned = 0  # (inside ``planned()``)
 
 HELP = (
     "Each new shape compiles it again. Padding that dimension to a few sizes helps: to a "
@@ -112,8 +116,26 @@ def _flat(x):
     return [y for z in x for y in _flat(z)] if x.__class__ is tuple else [x]
 
 
+@contextlib.contextmanager
+def planned():
+    """Compilations for sizes chosen on purpose, a few each (NOTE [Shapes that keep
+    changing]): not noted."""
+    global _planned
+    _planned += 1
+    try:
+        yield
+    finally:
+        _planned -= 1
+
+
+def planned_now() -> bool:
+    return _planned > 0
+
+
 def note_op(spec, key) -> None:
     """An op compiled for ``key``: note it, and warn if it keeps compiling for new sizes."""
+    if _planned:
+        return
     skeleton = _skeleton(spec, key)
     found = _sizes_of(skeleton)
     if len(_sizes) > MAX_NOTES:
@@ -138,6 +160,8 @@ def structure(nodes) -> tuple:
 def note_graph(nodes, inputs, seconds: float) -> None:
     """A fused graph compiled, in ``seconds``: warn if graphs of its structure keep
     compiling for new shapes."""
+    if _planned:
+        return
     key = structure(nodes)
     shapes = [getattr(v, "shape", None) for v in inputs]
     if len(_shapes) > MAX_NOTES:

@@ -190,9 +190,14 @@ class JaxModelRunner(GPUModelRunner):
         or loads from the persistent compilation cache."""
         from tqdm import tqdm
 
-        for size in tqdm(self.buckets, desc="torch_jax: compiling the model's token buckets", disable=not progress):
-            self._dummy_run(size, skip_eplb=True, remove_lora=False)
-        torch.accelerator.synchronize()
+        from torch_jax.runtime import _recompiles
+
+        # (each bucket's step compiles its eager ops for the bucket's size too: chosen sizes,
+        # not shapes that keep changing, NOTE [Shapes that keep changing])
+        with _recompiles.planned():
+            for size in tqdm(self.buckets, desc="torch_jax: compiling the model's token buckets", disable=not progress):
+                self._dummy_run(size, skip_eplb=True, remove_lora=False)
+            torch.accelerator.synchronize()
 
     def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes, kv_cache_allocation_context=None):
         """NOTE [A storage a layer]: vLLM makes the KV cache of every layer a view of one
