@@ -163,6 +163,44 @@ def test_small_computations_compile_cheaply(monkeypatch, strict_mode):
         assert compiled(lambda: torch.special.erfcx(big * 5 - 2).cpu()) == [None]
 
 
+def test_the_devices_lowerings_share_an_mlir_context(monkeypatch, strict_mode):
+    """NOTE [One MLIR context for many lowerings]: on a thread, strict ops' and fused
+    graphs' lowerings share one MLIR context, a new one every IR_CONTEXT_USES; a user's own
+    jax.jit lowers into a context of its own."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from torch_jax.runtime import _xla_options
+
+    _xla_options._known(_xla_options.SMALL_OPTIONS)  # (its probe compiles a computation of its own)
+    contexts = []
+    compile_ = jax.stages.Lowered.compile
+
+    def spy(self, *args, **kwargs):
+        contexts.append(self.compiler_ir().context)
+        return compile_(self, *args, **kwargs)
+
+    def device_work():  # (a new thread: its lowerings start a context of their own)
+        x = torch.randn(3, 19, device="jax")  # (shapes no other test uses: these compile)
+        torch.special.erfcx(x * 7 + 1).cpu()
+        with torch_jax.fused():
+            (torch.special.erfcx(x * 9 - 2) + 1).sum().cpu()
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    monkeypatch.setattr(_xla_options, "IR_CONTEXT_USES", 3)
+    worker = threading.Thread(target=device_work)
+    worker.start()
+    worker.join()
+    assert len(contexts) >= 5, len(contexts)
+    for i, context in enumerate(contexts):
+        assert context is contexts[i - i % 3], i
+    assert contexts[3] is not contexts[0]
+    users = [jax.jit(lambda v, k=k: v * k).lower(jnp.ones(5)).compiler_ir().context for k in (2, 3)]
+    assert users[0] is not users[1] and not any(u is c for u in users for c in contexts)
+
+
 def test_arange_goes_straight_to_its_lowering():
     # NOTE [arange without its out= form] in ops/_factories
     from torch_jax.runtime._install import REGISTERED

@@ -75,7 +75,7 @@ from torch_jax.ffi import _cpu_blas
 from torch_jax.ops import _context, _registry
 from torch_jax.ops._promote import cast
 from torch_jax.ops._registry import LOWERINGS
-from torch_jax.runtime import _compile_cache, _executor, _fused, _profiler, _recompiles, _stats
+from torch_jax.runtime import _compile_cache, _executor, _fused, _profiler, _recompiles, _stats, _xla_options
 from torch_jax.tensor import _dtypes, _storage
 
 _counters = _stats.counters
@@ -636,7 +636,7 @@ class Program(OutputCode):
             found["scalar_ins"] = [np.ndim(v) == 0 for v in dyn]
             jitted = _collectives.spmd(_compile_cache.fresh(traced, self.module), mesh, len(dyn), found)
             dyn = _collectives.globalize(dyn, mesh, _devices.device(index))
-        with _cpu_blas.in_graph():
+        with _cpu_blas.in_graph(), _xla_options.lowering():  # NOTE [One MLIR context for many lowerings]
             lowered = jitted.lower(*dyn)
         loads = _cache.hits()
         with _cache.keep():  # NOTE [Persistent compilation cache]

@@ -1070,7 +1070,8 @@ def _compile_op(jitted, dyn, index: int):
     """The executable of one op's computation (NOTE [Cheap compilation of small
     computations] in runtime/_xla_options)."""
     start = time.perf_counter()
-    lowered = jitted.lower(*dyn)
+    with _xla_options.lowering():  # NOTE [One MLIR context for many lowerings]
+        lowered = jitted.lower(*dyn)
     outs = [o.shape for o in jax.tree.leaves(lowered.out_info)]
     compiled = lowered.compile(compiler_options=_xla_options.compile_options(index, dyn, outs, lowered))
     _recompiles.note_op_compile(time.perf_counter() - start)

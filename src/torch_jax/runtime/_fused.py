@@ -206,7 +206,7 @@ def _compile(g: _Graph, nodes, wanted, checks, donated, key, reason: str) -> _Co
         out_shardings=_devices.sharding(g.index),
         donate_argnums=donated,
     )
-    with _cpu_blas.in_graph():
+    with _cpu_blas.in_graph(), _xla_options.lowering():  # NOTE [One MLIR context for many lowerings]
         lowered = fn.lower(*g.inputs)
     # NOTE [Cheap compilation of small computations] (runtime/_xla_options)
     made = [a.shape for e, _ in nodes for a in e.out_avals]  # (every op result of the graph)
