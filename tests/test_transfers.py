@@ -122,6 +122,58 @@ def test_non_blocking_transfers():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_uploads_into_part_of_a_buffer_write_that_part_alone(dtype, strict_mode):
+    """NOTE [Uploads into part of a storage]: ``buffer[a:b].copy_(host, non_blocking=True)``
+    into contiguous parts of 1-d and 2-d buffers writes those elements and no other, as on
+    the CPU; the host tensor written after the copy leaves the device's values as they were;
+    one computation a power of two of lengths, an op and a host transfer each."""
+    from torch_jax.runtime import _copy
+
+    for shape, parts in (
+        ((300,), [(0, 1), (0, 16), (5, 22), (0, 64), (250, 300), (7, 107)]),
+        ((9, 5), [(0, 3), (2, 5), (8, 9)]),
+    ):
+        want = sample(dtype, shape)
+        got = want.to("jax")
+        for a, b in parts:
+            host = sample(dtype, (b - a,) + shape[1:]) if len(shape) > 1 else sample(dtype, (1, b - a))[0]
+            host = host.add(1) if dtype not in (torch.bool, torch.uint8) else host
+            torch_jax.reset_stats()
+            got[a:b].copy_(host, non_blocking=True)
+            want[a:b].copy_(host)
+            stats = torch_jax.stats()
+            assert stats["ops"] == stats["host_transfers"] == 1, (shape, a, b)
+            host.zero_()  # (after the copy returned: the device keeps what it was given)
+            assert_same(got, want)
+    torch_jax.reset_stats()
+    buffer = torch.zeros(4096, dtype=dtype, device="jax")
+    for n in range(1, 65):  # (lengths 1..64: the widths 16, 32 and 64)
+        buffer[:n].copy_(sample(dtype, (1, n))[0])
+    assert torch_jax.stats()["compiles"] <= 4  # (the zeros, the three widths)
+    assert any(key[2] == 64 for key in _copy._parts)
+
+
+def test_uploads_into_part_of_a_buffer_elsewhere_go_the_general_way(strict_mode):
+    """Not a contiguous part of a written storage of the same dtype: a column, another dtype,
+    a storage never written, one inside fused eager's graph: values as on the CPU."""
+    want = torch.arange(40.0).reshape(8, 5)
+    got = want.to("jax")
+    host = torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0])
+    got[:, 1].copy_(host)
+    want[:, 1].copy_(host)
+    got[2:4].copy_(torch.ones(2, 5, dtype=torch.int64))
+    want[2:4].copy_(torch.ones(2, 5, dtype=torch.int64))
+    assert_same(got, want)
+    fresh = torch.empty(10, device="jax")
+    fresh[:3].copy_(torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(fresh.cpu()[:3], torch.tensor([1.0, 2.0, 3.0]))
+    with torch_jax.fused():
+        got[5:7].copy_(torch.full((2, 5), 9.0))
+        want[5:7].copy_(torch.full((2, 5), 9.0))
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_copies_to_the_host_without_blocking_wait_for_an_event(dtype):
     # NOTE [Copies to the host without blocking]: queued on the device, written by the
     # synchronize of an event recorded after them
