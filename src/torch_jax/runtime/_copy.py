@@ -10,7 +10,6 @@ it is not) and copied once into the CPU tensor.
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ import torch
 from torch_jax._config import config
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
-from torch_jax.runtime import _buckets, _compile_cache, _executor, _fused, _profiler, _recompiles, _stats, _xla_options
+from torch_jax.runtime import _buckets, _compile_cache, _executor, _fused, _profiler, _stats
 from torch_jax.tensor import _dtypes, _storage
 
 aten = torch.ops.aten
@@ -392,16 +391,13 @@ def _compile_part(arr, values, index: int) -> _Part:
         at = jnp.where(lanes < length, offset + lanes, size)  # (past the length: dropped)
         return old.reshape(-1).at[at].set(new, mode="drop").reshape(shape)
 
-    start, before = time.perf_counter(), _compile_cache.allocated()
+    before = _compile_cache.allocated()
     jitted = jax.jit(_compile_cache.fresh(write, "upload_into_part"), out_shardings=_devices.sharding(index))
     scalar = jax.ShapeDtypeStruct((), offsets)
-    with _xla_options.lowering():  # NOTE [One MLIR context for many lowerings]
-        lowered = jitted.lower(arr, values, scalar, scalar)
-    compiled = lowered.compile(compiler_options=_xla_options.compile_options(index, [arr, values], [shape], lowered))
-    del lowered, jitted
-    _recompiles.note_op_compile(time.perf_counter() - start)
+    fn = _executor._compile_op(jitted, (arr, values, scalar, scalar), index)
+    del jitted
     part = _Part()
-    part.fn = _executor.cpp_call(compiled)
+    part.fn = fn
     part.cost = _compile_cache.allocated() - before
     return part
 
