@@ -194,3 +194,47 @@ def test_recurrent_layers_under_torch_func_grad_match_cpu():
         g = grad(lambda p, m=m, xx=xx: functional_call(m, p, (xx,))[0].square().sum())(dict(m.named_parameters()))
         grads.append({k: v.cpu() for k, v in g.items()})
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("mode, projected", [("lstm", False), ("gru", False), ("rnn_tanh", False), ("lstm", True)])
+def test_the_backward_of_a_layer_runs_one_scan(mode, projected):
+    """NOTE [The backward of a recurrent layer]: the backward's computation reads the
+    forward's saved states and runs the reverse scan alone, not the forward's scan again
+    (a projected LSTM keeps jax.vjp's two)."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_jax.kernels import _rnn
+
+    steps, batch, width, hidden = 5, 2, 3, 4
+    gates = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode] * hidden
+    out_width = 2 if projected else hidden
+    f = jnp.float32
+    s = jax.ShapeDtypeStruct
+    operands = [
+        s((steps, batch, width), f),
+        s((batch, out_width), f),
+        s((batch, hidden), f) if mode == "lstm" else None,
+        s((gates, width), f),
+        s((gates, out_width), f),
+        s((gates,), f),
+        s((gates,), f),
+        s((out_width, hidden), f) if projected else None,
+    ]
+    cs = s((steps, batch, hidden), f) if mode == "lstm" else s((0,), f)
+    grads = [
+        s((steps, batch, out_width), f),
+        s((batch, out_width), f),
+        s((batch, hidden) if mode == "lstm" else (0,), f),
+    ]
+    given = [i for i, x in enumerate(operands) if x is not None]
+
+    def backward(*xs):
+        filled = list(operands)
+        for i, x in zip(given, xs[: len(given)]):
+            filled[i] = x
+        return _rnn._layer_backward(*filled, *xs[len(given) :], _rnn._MODES[mode], False)
+
+    args = [operands[i] for i in given] + [grads[0], cs, *grads]
+    text = jax.jit(backward).lower(*args).as_text()
+    assert text.count("stablehlo.while") == (2 if projected else 1), text.count("stablehlo.while")
