@@ -62,8 +62,9 @@ def _times_transposed(x, w):
 def _layer(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):
     """One layer and direction over the sequence ``input`` (T, B, I): (its outputs (T, B,
     P), the last hidden state (B, P), LSTM's last cell state (B, H), else an empty array,
-    and LSTM's cell state after each step (T, B, H), else an empty array: what the
-    backward reads, NOTE [The backward of a recurrent layer])."""
+    and what the backward reads (NOTE [The backward of a recurrent layer]): the hidden
+    state after each step (T, B, H) and LSTM's cell state after it (T, B, H), empty arrays
+    where not read)."""
     steps, batch, width = input.shape
     gx = _times_transposed(input.reshape(steps * batch, width), w_ih)
     if b_ih is not None:
@@ -80,8 +81,12 @@ def _layer(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):
 
     c0 = cx if cx is not None else jnp.zeros((0,), input.dtype)
     (h, c), ys = lax.scan(step, (hx, c0), gx, reverse=reverse)
-    out, cs = ys if lstm else (ys, jnp.zeros((0,), input.dtype))
-    return out, h, c, cs
+    empty = jnp.zeros((0,), input.dtype)
+    out, cs = ys if lstm else (ys, empty)
+    if w_hr is not None:
+        return out, h, c, empty, empty
+    # (a copy of the outputs, not the outputs: the caller may write into those, as on the CPU)
+    return out, h, c, jnp.copy(out), cs
 
 
 def _hidden_gates(h, w_hh, b_hh):
@@ -111,25 +116,28 @@ def _cell(gi, gh, h, c, mode):
 _SCHEMA = "Tensor input, Tensor hx, Tensor? cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, Tensor? b_hh, Tensor? w_hr"
 
 
-# NOTE [The backward of a recurrent layer]: the backward reads the forward's outputs
-# and (LSTM) its cell state after each step, a fourth output of the forward, so it never
-# runs the forward's scan again. Every step's hidden gates are one product over the
-# whole sequence of previous hidden states; the reverse scan then holds only what is
-# sequential (a step's elementwise cell, differentiated, and the previous state's
-# gradient, a product with w_hh), and the weights' and input's gradients are one
-# product each after it. ``jax.vjp`` of the forward ran the forward's scan again inside
-# the backward and summed w_hh's gradient a step at a time. Measured on one layer of the
-# word language model's LSTM (35 steps, batch 20, 200 wide, float32, the 2-core EPYC,
-# 2026-12-07): the backward 13.3-16.3 against 20.0-30.1 ms (PyTorch's CPU 9.9-10.9, its
-# forward 5.7-6.2 against this forward's 9.2-11.6); the input's and hidden state's
-# gradients the same bits as jax.vjp's, the weights' within 1.3e-6 of them (one sum
-# instead of one a step); the float32 error against a float64 reference as
-# tests/test_rnn.py measures it, 3 seeds: 0.98-1.23x the CPU's, 0.94-1.22x before. The whole training step (2 layers, 2000 words, SGD):
-# strict 83-106 against 105-127 ms, fused 65-71 against 70-84, the CPU 62-73, alternating
-# runs with the CPU's losses. A projected LSTM (``proj_size``) keeps ``jax.vjp``.
+# NOTE [The backward of a recurrent layer]: the backward reads the hidden state and
+# (LSTM) the cell state after each step, outputs of the forward of their own (a copy:
+# the layer's outputs are the user's to write into, as the CPU's are, where saving them
+# would make such a write an error at the backward), so it never runs the forward's scan
+# again. Every step's hidden gates are one product over the whole sequence of previous
+# hidden states; the reverse scan then holds only what is sequential (a step's
+# elementwise cell, differentiated, and the previous state's gradient, a product with
+# w_hh), and the weights' and input's gradients are one product each after it.
+# ``jax.vjp`` of the forward ran the forward's scan again inside the backward and summed
+# w_hh's gradient a step at a time. Measured on one layer of the word language model's
+# LSTM (35 steps, batch 20, 200 wide, float32, the 2-core EPYC, 2026-12-07, two hours of
+# it, each pair in one process): the backward 13.3-21.9 against 20.0-32.5 ms, 0.53-0.82x
+# in each pair (PyTorch's CPU 9.9-13.3, its forward 5.7-8.2 against this forward's
+# 9.2-12.7); the input's and hidden state's gradients the same bits as jax.vjp's, the
+# weights' within 1.3e-6 of them (one sum instead of one a step); the float32 error
+# against a float64 reference as tests/test_rnn.py measures it, 3 seeds: 0.98-1.23x the
+# CPU's, 0.94-1.22x before. The whole training step (2 layers, 2000 words, SGD): strict
+# 83-106 against 105-127 ms, fused 65-71 against 70-84, the CPU 62-73, alternating runs
+# with the CPU's losses. A projected LSTM (``proj_size``) keeps ``jax.vjp``.
 
 
-def _layer_backward(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, out, cs, grad_out, grad_h, grad_c, mode, reverse):
+def _layer_backward(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, hs, cs, grad_out, grad_h, grad_c, mode, reverse):
     """The gradients of ``_layer``'s outputs' weighted sum: one for each operand given
     (not None), in order (NOTE [The backward of a recurrent layer])."""
     operands = [input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr]
@@ -137,9 +145,9 @@ def _layer_backward(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, out, cs, grad_o
         return _layer_vjp(operands, grad_out, grad_h, grad_c, mode, reverse)
     lstm = mode == _MODES["lstm"]
     time_order = (lambda a: jnp.flip(a, 0)) if reverse else (lambda a: a)
-    x, out, grad_out = time_order(input), time_order(out), time_order(grad_out)
+    x, hs, grad_out = time_order(input), time_order(hs), time_order(grad_out)
     steps, batch, width = x.shape
-    h_prev = jnp.concatenate([hx[None], out[:-1]])  # (T, B, H): each step's previous hidden state
+    h_prev = jnp.concatenate([hx[None], hs[:-1]])  # (T, B, H): each step's previous hidden state
     c_prev = jnp.concatenate([cx[None], time_order(cs)[:-1]]) if lstm else jnp.zeros((steps, 0), x.dtype)
     gx = _times_transposed(x.reshape(steps * batch, width), w_ih)
     gx = (gx if b_ih is None else gx + b_ih).reshape(steps, batch, -1)
@@ -189,14 +197,14 @@ def _layer_vjp(operands, grad_out, grad_h, grad_c, mode, reverse):
 rnn_layer = jax_op(
     "torch_jax::rnn_layer",
     _layer,
-    schema=f"({_SCHEMA}, int mode, bool reverse) -> (Tensor, Tensor, Tensor, Tensor)",
+    schema=f"({_SCHEMA}, int mode, bool reverse) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     static=("mode",),
     autograd=False,
 )
 rnn_layer_backward = jax_op(
     "torch_jax::rnn_layer_backward",
     _layer_backward,
-    schema=f"({_SCHEMA}, Tensor out, Tensor cs, Tensor grad_out, Tensor grad_h, Tensor grad_c, int mode, bool reverse) -> Tensor[]",
+    schema=f"({_SCHEMA}, Tensor hs, Tensor cs, Tensor grad_out, Tensor grad_h, Tensor grad_c, int mode, bool reverse) -> Tensor[]",
     static=("mode",),
     autograd=False,
 )
@@ -204,11 +212,11 @@ rnn_layer_backward = jax_op(
 
 def _setup_context(ctx, inputs, output):
     *operands, ctx.mode, ctx.reverse = inputs
-    ctx.save_for_backward(*operands, output[0], output[3])
+    ctx.save_for_backward(*operands, output[3], output[4])
 
 
-def _backward(ctx, grad_out, grad_h, grad_c, grad_cs):
-    *operands, out, cs = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_h, grad_c, grad_hs, grad_cs):
+    *operands, hs, cs = ctx.saved_tensors
     outs = [grad_out, grad_h, grad_c]
     if torch.is_grad_enabled():  # create_graph: gradients made of differentiable ops
         return (*_composite_grads(operands, outs, ctx.mode, ctx.reverse), None, None)
@@ -217,7 +225,7 @@ def _backward(ctx, grad_out, grad_h, grad_c, grad_cs):
         torch.zeros(s, dtype=operands[0].dtype, device=operands[0].device) if g is None else g
         for g, s in zip(outs, shapes)
     ]
-    grads = iter(rnn_layer_backward(*operands, out, cs, *outs, ctx.mode, ctx.reverse))
+    grads = iter(rnn_layer_backward(*operands, hs, cs, *outs, ctx.mode, ctx.reverse))
     return (*(None if x is None else next(grads) for x in operands), None, None)
 
 
@@ -275,7 +283,7 @@ def run(name, input, hx, params, has_biases, num_layers, dropout, train, bidirec
             w = params[k * per : (k + 1) * per]
             b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
             w_hr = w[-1] if projected else None
-            out, h, c, _ = rnn_layer(
+            out, h, c, _, _ = rnn_layer(
                 x, h0[k], None if c0 is None else c0[k], w[0], w[1], b_ih, b_hh, w_hr, mode, d == 1
             )
             outs.append(out)
