@@ -137,13 +137,18 @@ def test_recurrent_layers_float32_error_is_the_cpus(cls, kw):
     assert ours_total <= 1.5 * cpu_total, (ours_total, cpu_total)
 
 
-def test_recurrent_layers_double_backward_and_inference_mode_match_cpu():
+def _on_the_cpu_and_jax(cls, **kw):
+    """A float64 layer of ``cls`` (3 features, 4 hidden, seed 0) and a (5, 2, 3) input: the
+    pair on the CPU, and a copy of the pair on jax."""
     torch.manual_seed(0)
-    cpu = torch.nn.GRU(3, 4).double()
-    dev = copy.deepcopy(cpu).to("jax")
+    cpu = cls(3, 4, **kw).double()
     x = torch.randn(5, 2, 3, dtype=torch.float64)
+    return [(cpu, x), (copy.deepcopy(cpu).to("jax"), x.to("jax"))]
+
+
+def test_recurrent_layers_double_backward_and_inference_mode_match_cpu():
     results = []
-    for m, xx in ((cpu, x), (dev, x.to("jax"))):
+    for m, xx in _on_the_cpu_and_jax(torch.nn.GRU):
         _run(m, xx, calls=_warm())  # (the one-op layers from here)
         xx = xx.detach().requires_grad_()
         g = torch.autograd.grad(m(xx)[0].tanh().sum(), xx, create_graph=True)[0]
@@ -185,12 +190,8 @@ def test_recurrent_layers_under_torch_func_grad_match_cpu():
     """torch.func's transforms take the composite, on jax as on the CPU."""
     from torch.func import functional_call, grad
 
-    torch.manual_seed(0)
-    cpu = torch.nn.LSTM(3, 4, num_layers=2).double()
-    dev = copy.deepcopy(cpu).to("jax")
-    x = torch.randn(5, 2, 3, dtype=torch.float64)
     grads = []
-    for m, xx in ((cpu, x), (dev, x.to("jax"))):
+    for m, xx in _on_the_cpu_and_jax(torch.nn.LSTM, num_layers=2):
         g = grad(lambda p, m=m, xx=xx: functional_call(m, p, (xx,))[0].square().sum())(dict(m.named_parameters()))
         grads.append({k: v.cpu() for k, v in g.items()})
     torch.testing.assert_close(grads[1], grads[0])
@@ -244,12 +245,8 @@ def test_the_backward_of_a_layer_runs_one_scan(mode, projected):
 def test_a_layers_outputs_written_in_place_before_the_backward_as_on_the_cpu():
     """The backward reads saved states of its own, not the outputs, which the caller may
     write into (the CPU allows it)."""
-    torch.manual_seed(0)
-    cpu = torch.nn.LSTM(3, 4, num_layers=2).double()
-    dev = copy.deepcopy(cpu).to("jax")
-    x = torch.randn(5, 2, 3, dtype=torch.float64)
     grads = []
-    for m, xx in ((cpu, x), (dev, x.to("jax"))):
+    for m, xx in _on_the_cpu_and_jax(torch.nn.LSTM, num_layers=2):
         _run(m, xx, calls=_warm())  # (the one-op layers from here)
         m.zero_grad(set_to_none=True)
         out, _ = m(xx)
