@@ -172,7 +172,7 @@ def _layer_backward(input, hx, cx, w_ih, w_hh, b_ih, b_hh, w_hr, hs, cs, grad_ou
         5: dgi.sum(0),
         6: dgh.sum(0),
     }
-    return [grads[i] for i, x in enumerate(operands) if x is not None]
+    return [grads[i] for i, operand in enumerate(operands) if operand is not None]
 
 
 def _weight_gradient(d, x):

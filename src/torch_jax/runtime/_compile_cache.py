@@ -14,9 +14,10 @@ policy keeps three budgets:
   has allocated grew by while it compiled (glibc's ``mallinfo2``: 3 us in a fresh process,
   0.4-1.1 ms in one whose heap holds many free blocks, as a test run's workers do, against
   the 40-60 ms a compilation takes there; elsewhere the resident memory), an estimate
-  that other threads' allocations blur but that sums right over many entries (strict ops: 0.22 MB on average, fused graphs of 3 ops 0.26 MB;
-  resident memory grew by 0.28 and 0.37 MB, measured over 100 and 40 compilations, and
-  by tens of MB at single compilations where the heap grew);
+  that other threads' allocations blur but that sums right over many entries (strict
+  ops: 0.22 MB on average, fused graphs of 3 ops 0.26 MB; resident memory grew by 0.28
+  and 0.37 MB, measured over 100 and 40 compilations, and by tens of MB at single
+  compilations where the heap grew);
 - mappings: every 16 admissions the process's mappings are counted against half of
   ``vm.max_map_count``.
 
