@@ -35,6 +35,24 @@ def test_autoload_registers_the_device_without_importing_jax():
     assert out.splitlines() == ["False True jax", "True True False", "jax:0 [0.0, 2.0, 4.0] True"]
 
 
+def test_eager_ops_leave_dynamo_unimported_and_torch_compile_works_after_them():
+    """NOTE [Meta kernels without importing dynamo]: the ops' Meta kernels (PyTorch's refs,
+    wrapped in torch._disable_dynamo) run without importing torch._dynamo; torch.compile
+    after them, which does, traces through the same refs disabled as PyTorch disables them."""
+    out = _run(
+        """
+        import sys, torch
+        x = torch.arange(6.0, device="jax").reshape(2, 3).requires_grad_()
+        y = torch.softmax(x * 2 + 1, -1).where(x > 1, x.tanh())
+        y.sum().backward()
+        print("torch._dynamo" in sys.modules)
+        f = torch.compile(lambda a: torch.softmax(a * 2 + 1, -1).where(a > 1, a.tanh()))
+        print(torch.equal(f(x.detach()).cpu(), y.detach().cpu()), "torch._dynamo" in sys.modules)
+        """
+    )
+    assert out.splitlines() == ["False", "True True"], out
+
+
 def test_importing_torch_jax_before_torch():
     out = _run(
         """

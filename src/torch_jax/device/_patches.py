@@ -107,6 +107,43 @@ def _is_jax(t) -> bool:
     return t is not None and t.device.type == NAME
 
 
+# NOTE [Meta kernels without importing dynamo]: PyTorch's Python meta kernels (its refs
+# and decompositions, which the executor runs for every op's errors and output shapes)
+# are wrapped in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
+# (and sympy, FSDP, DTensor's ops through it): 1.5-2.2 s in a process that only runs
+# eager ops, which PyTorch's own CPU and CUDA kernels never pay. Without ``torch._dynamo``
+# imported nothing can be tracing, so disabling it is running the function; that wrapper
+# looks up the disabled function it made on the wrapped one (``fn.__dynamo_disable``),
+# and this puts there one that runs the function until ``torch._dynamo`` exists, then
+# removes itself and calls the wrapper again, which makes its own. Wrappers made after
+# this runs (modules imported later) keep their import.
+def defer_dynamo_in_meta_kernels() -> None:
+    import gc
+
+    from torch import _compile
+
+    code = _compile._disable_dynamo(lambda: None).__code__
+    if "__dynamo_disable" not in code.co_consts or "fn" not in code.co_freevars:
+        return  # (another PyTorch's wrapper: left as it is)
+    slot = code.co_freevars.index("fn")
+    for inner in gc.get_referrers(code):
+        if not callable(inner) or getattr(inner, "__code__", None) is not code:
+            continue
+        fn = inner.__closure__[slot].cell_contents
+        if getattr(fn, "__dynamo_disable", None) is None:
+            try:
+                fn.__dynamo_disable = functools.partial(_until_dynamo, fn, inner)
+            except AttributeError:
+                pass
+
+
+def _until_dynamo(fn, inner, *args, **kwargs):
+    if getattr(sys.modules.get("torch._dynamo"), "disable", None) is None:
+        return fn(*args, **kwargs)
+    vars(fn).pop("__dynamo_disable", None)  # (another thread may have)
+    return inner(*args, **kwargs)
+
+
 def on_import(name: str, patch) -> None:
     """Runs ``patch(module)`` on module ``name`` once it is imported (at once if it is)."""
     if name in sys.modules:

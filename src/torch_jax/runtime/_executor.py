@@ -28,6 +28,7 @@ from jax._src.array import ArrayImpl as _ArrayImpl  # (a class check: isinstance
 
 from torch_jax._config import config
 from torch_jax.device import _accelerator
+from torch_jax.device import _patches
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
@@ -36,6 +37,7 @@ from torch_jax.tensor import _dtypes, _storage, _strided
 
 _counters = _stats.counters
 _last = _devices.last
+_patches.defer_dynamo_in_meta_kernels()  # NOTE [Meta kernels without importing dynamo]
 Tensor = torch.Tensor
 _Pending = _storage.Pending
 _Padded = _storage.Padded
