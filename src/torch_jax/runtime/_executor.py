@@ -27,8 +27,7 @@ import torch
 from jax._src.array import ArrayImpl as _ArrayImpl  # (a class check: isinstance(v, jax.Array) is slower)
 
 from torch_jax._config import config
-from torch_jax.device import _accelerator
-from torch_jax.device import _patches
+from torch_jax.device import _accelerator, _patches
 from torch_jax.device import _state as _devices
 from torch_jax.ops import _context
 from torch_jax.ops._promote import cast
