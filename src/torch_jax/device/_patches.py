@@ -118,6 +118,8 @@ def _is_jax(t) -> bool:
 # removes itself and calls the wrapper again, which makes its own. Wrappers made after
 # this runs (modules imported later) keep their import.
 def defer_dynamo_in_meta_kernels() -> None:
+    if "torch._dynamo" in sys.modules:
+        return  # (imported already: nothing to defer)
     import gc
 
     from torch import _compile
