@@ -110,8 +110,9 @@ def _is_jax(t) -> bool:
 # NOTE [Meta kernels without importing dynamo]: PyTorch's Python meta kernels (its refs
 # and decompositions, which the executor runs for every op's errors and output shapes)
 # are wrapped in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
-# (and sympy, FSDP, DTensor's ops through it): 1.5-2.2 s in a process that only runs
-# eager ops, which PyTorch's own CPU and CUDA kernels never pay. Without ``torch._dynamo``
+# (and FSDP, DTensor's ops and symbolic shapes through it): 1.5-2.5 s in a process that
+# only runs eager ops (measured on the 2-core EPYC, 2026-12-07), which PyTorch's own CPU
+# and CUDA kernels never pay. Without ``torch._dynamo``
 # imported nothing can be tracing, so disabling it is running the function; that wrapper
 # looks up the disabled function it made on the wrapped one (``fn.__dynamo_disable``),
 # and this puts there one that runs the function until ``torch._dynamo`` exists, then
