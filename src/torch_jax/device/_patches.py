@@ -112,12 +112,12 @@ def _is_jax(t) -> bool:
 # are wrapped in ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``
 # (and FSDP, DTensor's ops and symbolic shapes through it): 1.5-2.5 s in a process that
 # only runs eager ops (measured on the 2-core EPYC, 2026-12-07), which PyTorch's own CPU
-# and CUDA kernels never pay. Without ``torch._dynamo``
-# imported nothing can be tracing, so disabling it is running the function; that wrapper
-# looks up the disabled function it made on the wrapped one (``fn.__dynamo_disable``),
-# and this puts there one that runs the function until ``torch._dynamo`` exists, then
-# removes itself and calls the wrapper again, which makes its own. Wrappers made after
-# this runs (modules imported later) keep their import.
+# and CUDA kernels never pay. Without ``torch._dynamo`` imported nothing can be tracing,
+# so disabling it is running the function; that wrapper looks up the disabled function
+# it made on the wrapped one (``fn.__dynamo_disable``), and this puts there one that runs
+# the function until ``torch._dynamo`` exists, then removes itself and calls the wrapper
+# again, which makes its own. Wrappers made after this runs (modules imported later)
+# keep their import.
 def defer_dynamo_in_meta_kernels() -> None:
     if "torch._dynamo" in sys.modules:
         return  # (imported already: nothing to defer)
@@ -130,7 +130,7 @@ def defer_dynamo_in_meta_kernels() -> None:
         return  # (another PyTorch's wrapper: left as it is)
     slot = code.co_freevars.index("fn")
     for inner in gc.get_referrers(code):
-        if not callable(inner) or getattr(inner, "__code__", None) is not code:
+        if getattr(inner, "__code__", None) is not code:
             continue
         fn = inner.__closure__[slot].cell_contents
         if getattr(fn, "__dynamo_disable", None) is None:
