@@ -109,6 +109,54 @@ def test_draws_are_uncorrelated():
         assert abs(torch.corrcoef(torch.stack([x, y]))[0, 1].item()) < 0.03
 
 
+def _jax_key(seed: int, offset: int):
+    import jax
+    import numpy as np
+
+    words = np.array([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], np.uint32)
+    key = jax.random.wrap_key_data(words[:2], impl="threefry2x32")
+    key = jax.random.fold_in(jax.random.fold_in(key, words[2]), words[3])
+    return np.concatenate([jax.random.key_data(key), jax.random.key_data(jax.random.fold_in(key, 1))])
+
+
+def test_keys_are_jaxs_fold_in_of_the_seed_and_offset():
+    """NOTE [Keys hashed on the host]: the key words hashed in Python, one at a time and in
+    a run of draws (KEY_BLOCK at once), across the offset's 32- and 64-bit wraps, are
+    jax.random's fold_in(fold_in(key(seed), offset_lo), offset_hi) and its fold_in(., 1)."""
+    import numpy as np
+
+    from torch_jax.device import _state
+
+    step = _state.OFFSET_STEP
+    starts = [(67280421310721, 0), (2**64 - 1, 2**32 - 8 * step), (12345, 2**64 - 8 * step), (2**40 + 7, 1000 * step)]
+    for seed, offset in starts:
+        for k in range(_state.KEY_BLOCK + 10):  # (a run: the second draw hashes the block)
+            o = (offset + k * step) % 2**64
+            assert np.array_equal(_state.key_words(seed, o), _jax_key(seed, o)), (seed, o)
+        o = (offset + 5 * step) % 2**64  # (back inside the block, and an offset alone)
+        assert np.array_equal(_state.key_words(seed, o), _jax_key(seed, o))
+        o = (o + 3 * step + 1) % 2**64
+        assert np.array_equal(_state.key_words(seed, o), _jax_key(seed, o))
+
+
+def test_a_random_ops_computation_hashes_no_key(monkeypatch):
+    """NOTE [Keys hashed on the host]: a random op's computation takes its key's words and
+    runs no threefry hash of its own (its bits come from XLA's RngBitGenerator)."""
+    from torch_jax.runtime import _xla_options
+
+    texts = []
+    compile_options = _xla_options.compile_options
+
+    def spy(index, inputs, shapes, lowered):
+        texts.append(lowered.as_text())
+        return compile_options(index, inputs, shapes, lowered)
+
+    monkeypatch.setattr(_xla_options, "compile_options", spy)
+    torch.empty(3, 11, 7, device="jax").uniform_(-3.0, 5.0)  # (a shape no other test draws)
+    (text,) = [t for t in texts if "rng_bit_generator" in t]
+    assert "threefry" not in text
+
+
 def test_a_seed_before_the_device_starts_is_kept_until_it_does():
     """NOTE [Seeds before the device starts]: torch.manual_seed, which programs call before
     init_process_group (whose group JAX's runtime starts from), does not start the device,

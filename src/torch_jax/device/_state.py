@@ -94,7 +94,7 @@ def random_seed(index: int | None = None) -> None:
 
 
 def next_key(index: int) -> np.ndarray:
-    """The 4 words (seed, offset) of the next random op on ``index``."""
+    """The key (4 uint32 words) of the next random op on ``index``."""
     with _lock:
         state = _rng[index]
         seed, offset = state
@@ -102,9 +102,73 @@ def next_key(index: int) -> np.ndarray:
     return key_words(seed, offset)
 
 
+# NOTE [Keys hashed on the host]: a random op's key is hashed from its generator's seed
+# and offset here, in Python, and its computation takes the key's 4 words: the key of
+# JAX's "rbg" layout, fold_in(fold_in(key(seed), offset_lo), offset_hi) and its
+# fold_in(., 1), as jax.random derives them (the same words, so the same numbers, as
+# when the computation hashed them itself). In the computation, the three threefry
+# hashes (a while loop each on the CPU) made every random op's compilation the costliest
+# of the small ones: XLA:CPU compiled uniform_ of a small shape in 126 against 256 ms,
+# the hash alone 180 ms, a trivial computation 36 (a 2-core AMD EPYC in a slow hour,
+# 2026-12-07), and an OpInfo sweep makes its samples with uniform_ on the device: the
+# hashes were 47% of the float32 sweep's compile time. One hash in Python takes 25-30
+# us, so a draw one OFFSET_STEP after the last one of its seed hashes the next
+# KEY_BLOCK offsets at once with NumPy (about 7 us a key), the draws after it then
+# looking theirs up; the hash the computation no longer runs took about 5 us of each
+# call.
+KEY_BLOCK = 64
+_M32 = 0xFFFFFFFF
+# Threefry-2x32's 20 rounds in 5 groups: the group's 4 rotations, then the key words
+# injected after it and the injection's count
+_THREEFRY = (
+    (13, 15, 26, 6, 1, 2, 1), (17, 29, 16, 24, 2, 0, 2), (13, 15, 26, 6, 0, 1, 3),
+    (17, 29, 16, 24, 1, 2, 4), (13, 15, 26, 6, 2, 0, 5),
+)  # fmt: skip
+_key_blocks: dict = {}  # seed -> (the first offset, the keys of KEY_BLOCK offsets from it)
+_hashed: dict = {}  # seed -> the offset last hashed alone
+
+
+def _threefry2x32(k0, k1, x0, x1):
+    """Threefry-2x32 of the block (x0, x1) under the key (k0, k1), as JAX's
+    ``threefry2x32``: on Python ints or NumPy uint32 arrays (whose arithmetic wraps)."""
+    ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+    x0 = (x0 + k0) & _M32
+    x1 = (x1 + k1) & _M32
+    for r0, r1, r2, r3, a, b, count in _THREEFRY:
+        for r in (r0, r1, r2, r3):
+            x0 = (x0 + x1) & _M32
+            x1 = ((x1 << r | x1 >> 32 - r) & _M32) ^ x0
+        x0 = (x0 + ks[a]) & _M32
+        x1 = (x1 + ks[b] + count) & _M32
+    return x0, x1
+
+
+def _hash(seed: int, lo, hi):
+    """The key words of ``seed`` at the offsets whose low and high words are ``lo``, ``hi``
+    (JAX's fold_in of a uint32 hashes the block (0, data))."""
+    a, b = _threefry2x32(seed >> 32, seed & _M32, 0, lo)
+    a, b = _threefry2x32(a, b, 0, hi)
+    return (a, b, *_threefry2x32(a, b, 0, 1))
+
+
 def key_words(seed: int, offset: int) -> np.ndarray:
-    """The 4 uint32 words a random lowering's key is built from."""
-    return np.array([seed >> 32, seed & 0xFFFFFFFF, offset & 0xFFFFFFFF, offset >> 32], dtype=np.uint32)
+    """The key (4 uint32 words) of the random op drawn at ``seed``, ``offset`` (NOTE
+    [Keys hashed on the host])."""
+    block = _key_blocks.get(seed)
+    if block is not None:
+        k, r = divmod(offset - block[0], OFFSET_STEP)
+        if r == 0 and 0 <= k < KEY_BLOCK:
+            return block[1][k]
+    if len(_hashed) > 64:  # (seeds of generators gone: keep a few)
+        _hashed.clear()
+        _key_blocks.clear()
+    if _hashed.get(seed) == offset - OFFSET_STEP:  # (a run of draws: the next ones at once)
+        offsets = np.uint64(offset) + np.arange(KEY_BLOCK, dtype=np.uint64) * np.uint64(OFFSET_STEP)
+        words = np.stack(_hash(seed, (offsets & _M32).astype(np.uint32), (offsets >> 32).astype(np.uint32)), axis=1)
+        _key_blocks[seed] = (offset, words)
+        return words[0]
+    _hashed[seed] = offset
+    return np.array(_hash(seed, offset & _M32, offset >> 32), dtype=np.uint32)
 
 
 def get_rng_state(index: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ class TraceContext:
         self.out_dtypes = out_dtypes  # numpy dtypes, one per tensor output
         self.index = index  # jax device index the op runs on
         self.checks = [] if checks is None else checks  # (flag, value, exc_type, message)
-        self.rng = rng  # traced uint32[4]: seed (2 words) and offset (2 words), random ops only
+        self.rng = rng  # traced uint32[4]: the key's words (device/_state.key_words), random ops only
         self.contiguous = {} if contiguous is None else contiguous  # schema position -> is_contiguous()
         self.bucket = bucket  # NOTE [Buckets] (runtime/_buckets): this call's plan, for the ops that know buckets
 
@@ -177,23 +177,19 @@ def dropout_keep(key, keep: float, shape):
 
 
 def key_from_words(rng):
-    """The PRNG key of a random op from its generator words (uint32[4]: the seed's two
-    words and the offset's two).
+    """The PRNG key of a random op from its key words (uint32[4], hashed from its
+    generator's seed and offset: NOTE [Keys hashed on the host] in device/_state).
 
-    NOTE [Random bits from XLA's Threefry]: the seed and offset are hashed into a key
-    with JAX's threefry ``fold_in``, as JAX derives keys; the random bits themselves come
-    from XLA's RngBitGenerator with its Threefry algorithm (``_xla_threefry_impl``), one
-    XLA op that runs 3-4x faster on CPU than JAX's own threefry lowering (measured:
-    dropout's mask of 524k elements 2.5 -> 0.7 ms, uniform floats 2.6 -> 0.9 ms). The
-    numbers are a fixed function of the seed and offset on a backend, so strict and fused
-    eager draw the same ones; like PyTorch's, they differ between backends."""
+    NOTE [Random bits from XLA's Threefry]: the key is JAX's, as JAX derives keys; the
+    random bits themselves come from XLA's RngBitGenerator with its Threefry algorithm
+    (``_xla_threefry_impl``), one XLA op that runs 3-4x faster on CPU than JAX's own
+    threefry lowering (measured: dropout's mask of 524k elements 2.5 -> 0.7 ms, uniform
+    floats 2.6 -> 0.9 ms). The numbers are a fixed function of the seed and offset on a
+    backend, so strict and fused eager draw the same ones; like PyTorch's, they differ
+    between backends."""
     import jax
-    import jax.numpy as jnp
 
-    key = jax.random.wrap_key_data(rng[:2], impl="threefry2x32")
-    key = jax.random.fold_in(jax.random.fold_in(key, rng[2]), rng[3])
-    words = jnp.concatenate([jax.random.key_data(key), jax.random.key_data(jax.random.fold_in(key, 1))])
-    return jax.random.wrap_key_data(words, impl=_xla_threefry_impl())
+    return jax.random.wrap_key_data(rng, impl=_xla_threefry_impl())
 
 
 @functools.cache

@@ -498,6 +498,8 @@ def _matmul_tn(a, b):
 
 
 def _philox_words(rng):
+    # (the key's 4 words as the int64 seed and offset that PyTorch's attention returns for
+    # its backward, which _key_from_words turns back into the key)
     seed = (rng[0].astype(jnp.uint64) << 32) | rng[1].astype(jnp.uint64)
     offset = (rng[3].astype(jnp.uint64) << 32) | rng[2].astype(jnp.uint64)
     return lax.bitcast_convert_type(seed, jnp.int64), lax.bitcast_convert_type(offset, jnp.int64)
