@@ -125,7 +125,7 @@ _THREEFRY = (
     (17, 29, 16, 24, 1, 2, 4), (13, 15, 26, 6, 2, 0, 5),
 )  # fmt: skip
 _key_blocks: dict = {}  # seed -> (the first offset, the keys of KEY_BLOCK offsets from it)
-_hashed: dict = {}  # seed -> the offset last hashed alone
+_hashed: dict = {}  # seed -> the offset last hashed (alone, or the last of a block)
 
 
 def _threefry2x32(k0, k1, x0, x1):
@@ -166,6 +166,7 @@ def key_words(seed: int, offset: int) -> np.ndarray:
         offsets = np.uint64(offset) + np.arange(KEY_BLOCK, dtype=np.uint64) * np.uint64(OFFSET_STEP)
         words = np.stack(_hash(seed, (offsets & _M32).astype(np.uint32), (offsets >> 32).astype(np.uint32)), axis=1)
         _key_blocks[seed] = (offset, words)
+        _hashed[seed] = offset + (KEY_BLOCK - 1) * OFFSET_STEP  # (the draw after it: the next block)
         return words[0]
     _hashed[seed] = offset
     return np.array(_hash(seed, offset & _M32, offset >> 32), dtype=np.uint32)
