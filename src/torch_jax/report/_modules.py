@@ -329,9 +329,12 @@ def check_sample(info, dtype, training: bool, module_input, *, index: int) -> No
 
 def check(info, dtype, training: bool, *, max_samples=None, part=None, fallback="silent") -> _sweep.Result:
     """Run every sample of one ModuleInfo in one dtype and mode (with ``max_samples``, at
-    most that many, spread evenly over the list; with ``part`` (k, n, m), when there are
-    more than m samples, those whose position is k modulo n); the result says
-    pass/fail/skip and which aten ops ran through the CPU fallback."""
+    most that many, spread evenly over the list; with ``part`` (k, n, m, cap), when there are
+    more than m samples, those whose position is k modulo n, and when there are more than
+    n * cap, about cap of them from position k at an odd step, so that the shares of the n
+    parts stay apart and each crosses the database's grids of options, whose factors are
+    mostly 2s); the result says pass/fail/skip and which aten ops ran through the CPU
+    fallback."""
     name = name_of(info, training)
     result = _sweep.Result(name, str(dtype).replace("torch.", ""), "pass")
     if info.name in EXCLUDED:
@@ -343,7 +346,9 @@ def check(info, dtype, training: bool, *, max_samples=None, part=None, fallback=
         inputs = list(inputs) + _fast_path_inputs(info, dtype, requires_grad=True)
         runnable = [(i, m) for i, m in enumerate(inputs) if m.forward_input is not None]
         if part is not None and len(runnable) > part[2]:
-            runnable = runnable[part[0] :: part[1]]
+            k, n, _, cap = part
+            step = n if cap is None or len(runnable) <= n * cap else -(-len(runnable) // cap) | 1
+            runnable = runnable[k::step]
         if max_samples is not None and len(runnable) > max_samples:
             runnable = runnable[:: -(-len(runnable) // max_samples)]
         for i, module_input in runnable:
