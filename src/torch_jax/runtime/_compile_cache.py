@@ -158,11 +158,18 @@ def admit(container: dict, key, entry, kind: str) -> None:
 
 
 def charge(entry, cost: int) -> None:
-    """An admitted entry compiled later (an op recorded in fused mode, then run strict)."""
+    """An admitted entry compiled later (an op recorded in fused mode, then run strict):
+    its cost joins the memory budget, which a sweep then keeps, as at an admission. An
+    entry dropped before it compiled (its cost is -1) is not held: nothing is charged."""
     global _bytes
+    if entry.cost < 0:
+        return
     cost = max(cost, 0)
     entry.cost += cost
     _bytes += cost
+    entry.used = True  # (as at an admission: the call that compiled it is using it)
+    if _bytes > config.compile_cache_mb * 2**20:
+        sweep()
 
 
 def _over_budget(check_maps: bool) -> bool:
@@ -182,6 +189,7 @@ def sweep() -> None:
         container, key, entry, _ = item
         if container.get(key) is not entry:  # (replaced or dropped by its owner)
             _bytes -= entry.cost
+            entry.cost = -1
         elif entry.used:
             entry.used = False
             kept.append(item)
@@ -212,6 +220,7 @@ def _drop(item) -> None:
     container, key, entry, kind = item
     del container[key]
     _bytes -= entry.cost
+    entry.cost = -1  # (no longer held here: a later charge adds nothing, see charge)
     _counters[_EVICTIONS[kind]] += 1
     if len(_evicted) >= _EVICTED_MAX:
         _evicted.clear()
