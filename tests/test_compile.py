@@ -284,19 +284,32 @@ def test_default_torch_compile_routes_graphs_on_jax(monkeypatch):
 
 
 def test_routing_turned_off_leaves_graphs_to_inductor(monkeypatch):
+    import torch._inductor.compile_fx as inductor
+
     import torch_jax.compile as tjc
 
     def refuse(*args, **kwargs):
         raise AssertionError("routed")
 
+    # (Inductor's entry point, which PyTorch's wrapper imports at each call: a stand-in
+    # that says which devices a graph it was given holds and runs the graph as captured,
+    # so that no C++ is compiled here: a real one took 30 of the test's 38 s on the EPYC)
+    given = []
+
+    def compile_fx(gm, inputs, **kwargs):
+        given.append({t.device.type for t in inputs if isinstance(t, torch.Tensor)})
+        return gm.forward
+
     monkeypatch.setattr(tjc, "backend", refuse)
+    monkeypatch.setattr(inductor, "compile_fx", compile_fx)
     m = torch.nn.Linear(4, 3).to("jax")
+    x = torch.randn(2, 4, device="jax")
     with config_as(route_inductor=False):
-        with pytest.raises(Exception) as info:
-            torch.compile(m)(torch.randn(2, 4, device="jax"))
-    assert "routed" not in str(info.value)
+        torch.testing.assert_close(torch.compile(m)(x).cpu(), m(x).cpu())
+    assert given == [{"jax"}]
     cpu = torch.nn.Linear(4, 3)  # (and graphs on the CPU keep Inductor whatever the setting)
     assert torch.compile(cpu)(torch.ones(1, 4)).shape == (1, 3)
+    assert given == [{"jax"}, {"cpu"}]
 
 
 def test_training_steps_with_a_compiled_optimizer_step_match_cpu():
