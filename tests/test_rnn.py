@@ -118,6 +118,20 @@ def test_recurrent_layers_run_in_one_op_a_layer_whatever_the_length(cls, kw):
     assert torch_jax.stats()["ops"] > counts[0], (torch_jax.stats()["ops"], counts)
 
 
+def test_the_count_of_each_shapes_calls_is_bounded(monkeypatch):
+    # (a program of ever new lengths, each seen once: the counter starts again past 4096
+    # shapes instead of growing; a shape seen WARM times runs as one op a layer)
+    from torch_jax.kernels import _rnn
+
+    monkeypatch.setattr(_rnn, "_calls", {})
+    for n in range(10_000):
+        assert not _rnn._repeated(("lstm", n))
+        assert len(_rnn._calls) <= 4096
+    for _ in range(_rnn.WARM):
+        assert not _rnn._repeated(("lstm", -1))
+    assert _rnn._repeated(("lstm", -1))
+
+
 @pytest.mark.parametrize("cls, kw", _LAYERS, ids=_IDS)
 def test_recurrent_layers_float32_error_is_the_cpus(cls, kw):
     """Outputs and gradients in float32 against a float64 reference: the one-op layers'
