@@ -40,9 +40,9 @@ SPLIT_OVER = None if os.environ.get("TORCH_JAX_MODULES") == "full" else 12
 # and runs at most about SPLIT_CAP samples of a ModuleInfo in each dtype: only
 # LinearCrossEntropyLoss has more than twice as many, 857 of the database's 1813 samples
 # (a grid of reductions, weights, ignored indices, smoothing, chunking options and target
-# shapes), which took 44 and 104 s in float32 and float64 on the EPYC (2026-12-08, beside
-# another run); the share of each dtype, 58 samples at a step of 15, holds every value of
-# each of those options
+# shapes), whose two cases took 69 s of CI's strict run in a fast hour of the 2-core EPYC
+# (2026-12-08) and 26 s alone with the cap; the share of each dtype, 58 samples at a step
+# of 15, holds every value of each of those options
 SPLIT_CAP = 64
 
 CASES = [
