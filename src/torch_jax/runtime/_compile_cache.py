@@ -168,7 +168,7 @@ def charge(entry, cost: int) -> None:
     entry.cost += cost
     _bytes += cost
     entry.used = True  # (as at an admission: the call that compiled it is using it)
-    if _bytes > config.compile_cache_mb * 2**20:
+    if _over_budget(check_maps=False):
         sweep()
 
 
